@@ -1,0 +1,206 @@
+"""The three architectures as small strategy objects (SPEC.md §1; DESIGN.md principle 1).
+
+The decoder block is written once (modeling_angpt.py). An architecture supplies what differs: the
+branch-input norm, the residual update, the q/k treatment, the softmax scale, the ν constants, the
+initialisation, the weight constraint, the optimiser groups and the recipe defaults. No other file asks
+which architecture it is running.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+from .layers_angpt import AddResidual, ApproxLerp, L2Norm, NormalizedLerp, RMSNorm, Scale
+
+
+@lru_cache(maxsize=None)
+def silu_second_moment(std: float) -> float:
+    """E[SiLU(z)²] for z ~ N(0, std²), by the trapezoid rule over ±12 std in float64 (error < 1e-12)."""
+    z = torch.linspace(-12 * std, 12 * std, 200_001, dtype=torch.float64)
+    density = torch.exp(-0.5 * (z / std) ** 2) / (std * math.sqrt(2 * math.pi))
+    return float(torch.trapezoid(torch.nn.functional.silu(z) ** 2 * density, z))
+
+
+class Architecture:
+    """Defaults shared by all three; subclasses override what differs."""
+
+    name: str = ""
+    recipe_defaults: dict = {}
+
+    # --- modules ---------------------------------------------------------------------------------
+    def branch_norm(self, config) -> nn.Module:
+        return nn.Identity()
+
+    def final_norm(self, config) -> nn.Module:
+        return nn.Identity()
+
+    def residual(self, config) -> nn.Module:
+        return AddResidual()
+
+    def qk_norm(self, config) -> nn.Module:
+        """Applied per head to q and to k before RoPE (L2 norms commute with the rotation)."""
+        return L2Norm()
+
+    def qk_scale(self, config) -> Scale | None:
+        """s_qk, one vector over all heads' channels shared by q and k, applied after RoPE."""
+        return Scale(config.num_attention_heads * config.head_dim, 1.0, 1.0 / math.sqrt(config.hidden_size))
+
+    def mlp_scales(self, config) -> tuple[Scale, Scale] | tuple[None, None]:
+        """(s_u, s_v) on the MLP's up and gate outputs."""
+        size = config.intermediate_size
+        return Scale(size, 1.0, 1.0), Scale(size, 1.0, 1.0)
+
+    def logit_scale(self, config) -> Scale | None:
+        """s_z on the logits."""
+        return Scale(config.vocab_size, 1.0, 1.0 / math.sqrt(config.hidden_size))
+
+    # --- constants -------------------------------------------------------------------------------
+    def softmax_scale(self, config) -> float:
+        # With unit q and k (s_qk = 1) the logit √d_h·cos(q, k) equals GPT+'s RMS-normed q·k/√d_h.
+        return math.sqrt(config.head_dim)
+
+    def constants(self, config) -> dict[str, float]:
+        """Row scales on v_proj, o_proj, up_proj, gate_proj and down_proj outputs."""
+        return dict(v=1.0, o=1.0, up=1.0, gate=1.0, down=1.0)
+
+    # --- parameters ------------------------------------------------------------------------------
+    def init_matrix(self, weight: torch.Tensor, config, residual_output: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def constrain(self, weight: torch.Tensor, residual_output: bool) -> None:
+        """Project one matrix after an optimiser step (in place); nothing by default."""
+
+    def optimizer_param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": 0.0}]
+
+
+class GPTPlus(Architecture):
+    """Pre-norm GPT with QK-norm (SPEC §1.1): exactly Qwen3 (Llama with qk_norm off) at full rotation."""
+
+    name = "gptplus"
+    recipe_defaults = dict(optimizer="adamw", weight_decay=0.1, warmup_ratio=0.2, adam_beta1=0.9, adam_beta2=0.95,
+                           adam_epsilon=1e-9, max_grad_norm=1.0, lr_scheduler_type="cosine", min_lr_ratio=0.01)
+
+    def branch_norm(self, config) -> nn.Module:
+        return RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def final_norm(self, config) -> nn.Module:
+        return RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def qk_norm(self, config) -> nn.Module:
+        return RMSNorm(config.head_dim, config.rms_norm_eps) if config.qk_norm else nn.Identity()
+
+    def qk_scale(self, config):
+        return None
+
+    def mlp_scales(self, config):
+        return None, None
+
+    def logit_scale(self, config):
+        return None
+
+    def softmax_scale(self, config) -> float:
+        return 1.0 / math.sqrt(config.head_dim)
+
+    def init_matrix(self, weight, config, residual_output):
+        std = config.initializer_range
+        if residual_output:  # GPT-2 / nanoGPT convention: keep the residual stream's variance O(1) in depth
+            std = std / math.sqrt(2 * config.num_hidden_layers)
+        return torch.randn_like(weight) * std
+
+    def optimizer_param_groups(self, model, weight_decay):
+        # Weight decay on matrices only (SPEC §1.1): gains and other vectors are not decayed.
+        params = [p for p in model.parameters() if p.requires_grad]
+        return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+                {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+class NGPT(Architecture):
+    """Everything on the hypersphere (SPEC §1.2, NVIDIA reference)."""
+
+    name = "ngpt"
+    recipe_defaults = dict(optimizer="adam", weight_decay=0.0, warmup_ratio=0.0, adam_beta1=0.9, adam_beta2=0.95,
+                           adam_epsilon=1e-9, max_grad_norm=1.0, lr_scheduler_type="cosine", min_lr_ratio=0.01)
+
+    def residual(self, config):
+        size = config.hidden_size if config.alpha_shape == "vector" else 1
+        return NormalizedLerp(size, config.alpha_init, 1.0 / math.sqrt(config.hidden_size), config.alpha_abs)
+
+    def constants(self, config):
+        sqrt_d = math.sqrt(config.hidden_size)
+        # √d on the gate keeps SiLU's input O(1) (entries of W_gate h have variance 1/d); the NVIDIA code
+        # also scales u by √d [flag gate_sqrt_d="both"]; N(x_M) makes that a forward no-op.
+        return dict(v=1.0, o=1.0, up=sqrt_d if config.gate_sqrt_d == "both" else 1.0, gate=sqrt_d, down=1.0)
+
+    def init_matrix(self, weight, config, residual_output):
+        return self._normalize(torch.randn_like(weight), residual_output)
+
+    @staticmethod
+    def _normalize(weight, residual_output):
+        # Unit norm along d_model: rows (over the input) for every matrix reading the stream, columns
+        # (over the output) for o_proj and down_proj, which write into it (SPEC §1.2).
+        dim = 0 if residual_output else -1
+        return weight / weight.norm(dim=dim, keepdim=True).clamp_min(1e-12)
+
+    @torch.no_grad()
+    def constrain(self, weight, residual_output):
+        weight.copy_(self._normalize(weight.float(), residual_output).to(weight.dtype))
+
+
+class AnGPT(Architecture):
+    """Approximately normalized GPT (SPEC §1.3): ν constants, LERP with ν(α), rows in the unit ball."""
+
+    name = "angpt"
+    recipe_defaults = NGPT.recipe_defaults
+
+    def residual(self, config):
+        size = config.hidden_size if config.alpha_shape == "vector" else 1
+        return ApproxLerp(size, config.alpha_init, 1.0 / math.sqrt(config.hidden_size), config.alpha_abs)
+
+    def constants(self, config):
+        d, d_h, m = config.hidden_size, config.head_dim, config.intermediate_size
+        nu_qkv = math.sqrt(d / d_h)  # unit rows, unit input: E‖(W_v h)_head‖² = d_h/d (research §5.1)
+        # H unit head outputs concatenated have ‖y‖² = H; unit rows of W_o over H·d_h inputs give
+        # E‖W_o y‖² = d·H/(H·d_h) = d/d_h (research §5.2).
+        nu_p = math.sqrt(d_h / d)
+        nu_uz = math.sqrt(d / m)  # 0.5 at m = 4d
+        nu_d = math.sqrt(m / d)  # 2 at m = 4d
+        up_gain = nu_uz * (math.sqrt(d) if config.gate_sqrt_d == "both" else 1.0)
+        gate_gain = nu_uz * math.sqrt(d)
+        # ν_acf = 1/√E‖u ⊙ SiLU(z)‖² with ‖u‖² = m·up_gain²/d and z_i ~ N(0, gate_gain²/d) (research §5.4):
+        # for the paper's gate (variance 1/4) this is 1/√0.07225 = 3.720; the paper's 3.74 is a Monte-Carlo
+        # estimate of the same quantity at small d.
+        nu_acf = 1.0 / math.sqrt(m * up_gain**2 / d * silu_second_moment(gate_gain / math.sqrt(d)))
+        # q and k get no ν_qkv: the exact QK norm that follows removes any positive factor.
+        return dict(v=nu_qkv, o=nu_p * config.nu_att, up=up_gain * nu_acf, gate=gate_gain, down=nu_d)
+
+    def init_matrix(self, weight, config, residual_output):
+        # Gaussian rows rescaled to unit norm: the model starts on the boundary of its ball (SPEC §1.3).
+        weight = torch.randn_like(weight)
+        return weight / weight.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+
+    @torch.no_grad()
+    def constrain(self, weight, residual_output):
+        # w ← w / max(1, ‖w‖) per row, i.e. per output unit over its inputs (E per token, W_down over 4d).
+        norms = weight.float().norm(dim=-1, keepdim=True)
+        weight.div_(norms.clamp_min(1.0).to(weight.dtype))
+
+
+ARCHITECTURES: dict[tuple[str, bool], Architecture] = {
+    ("gptplus", False): GPTPlus(),
+    ("ngpt", False): NGPT(),
+    ("angpt", False): AnGPT(),
+}
+
+
+def get_architecture(config) -> Architecture:
+    """The strategy for `config.architecture` (and the folded inference form when `config.folded`)."""
+    key = (config.architecture, bool(getattr(config, "folded", False)))
+    if key not in ARCHITECTURES:
+        raise ValueError(f"no architecture registered for architecture={key[0]!r}, folded={key[1]}; "
+                         f"known: {sorted(ARCHITECTURES)}")
+    return ARCHITECTURES[key]

@@ -1,0 +1,157 @@
+"""AnGPTConfig: one config for GPT+, nGPT and anGPT (SPEC.md §1) and the attention axes (SPEC.md §3).
+
+Field names follow transformers' Llama/Qwen3 configs so users and tools (lm-eval, Accelerate, vLLM's
+transformers backend) find what they expect. Every choice SPEC.md marks **[flag]** is a field here.
+"""
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+ARCHITECTURES = ("angpt", "ngpt", "gptplus")
+ALPHA_SHAPES = ("vector", "scalar")
+GATE_SQRT_D_PLACEMENTS = ("gate", "both")
+# Attention axes (SPEC.md §3); attention_angpt.py keys its registries by exactly these strings.
+ROPE_TYPES = ("default", "proportional", "scale_invariant_p", "dynamic", "yarn", "linear", "none")
+LOGIT_TRANSFORMS = ("none", "alibi", "logn", "scale_invariant")
+SPARSITIES = ("none", "topk", "window", "block")
+POOLINGS = ("mean", "last")
+
+
+def _check_choice(field: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"AnGPTConfig.{field}={value!r} is not valid; expected one of {list(allowed)}")
+
+
+def _check_positive(field: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"AnGPTConfig.{field}={value!r} is not valid; expected a positive number")
+
+
+class AnGPTConfig(PreTrainedConfig):
+    r"""Configuration of an approximately normalized transformer and its baselines.
+
+    Args (beyond the usual transformers ones):
+        architecture: `"angpt"` (SPEC §1.3), `"ngpt"` (§1.2) or `"gptplus"` (§1.1).
+        intermediate_size: MLP width; `None` means 4·hidden_size, the width the ν constants assume.
+        qk_norm: GPT+ only; per-head RMSNorm with gain on q and k (off = Llama).
+        alpha_shape: `"vector"` (one α per hidden dimension) or `"scalar"` (one per sublayer) [flag].
+        alpha_init: initial LERP weight α for nGPT/anGPT (0.05; the anGPT paper also mentions 0.01) [flag].
+        alpha_abs: use |α| as the NVIDIA nGPT code does, instead of α with its sign [flag].
+        gate_sqrt_d: where nGPT/anGPT put the √d factor of the MLP: `"gate"` (paper) or `"both"` (NVIDIA code) [flag].
+        nu_att: constant factor on the attention output o (1 = none, SPEC §1.3) [flag].
+        rope_parameters: transformers 5 RoPE dict: `rope_type`, `rope_theta`, `partial_rotary_factor` (default 0.5).
+        attention_logit_transform / scale_invariant_tau / logn_init: SPEC §3.2.
+        attention_sparsity / attention_topk / attention_window / attention_block_size /
+        attention_global_tokens: SPEC §3.3.
+        attention_chunk_size: queries per chunk of the chunked eager path (long context on CPU).
+        is_causal: False for bidirectional (encoder-style) sequence classification.
+        classifier_pooling: `"mean"` over non-padding tokens (semantic-focus tasks) or `"last"` token.
+        folded: True for an exported inference checkpoint (SPEC §2); such a model refuses training.
+    """
+
+    model_type = "angpt"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 32000
+    hidden_size: int = 256
+    intermediate_size: int | None = None
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    head_dim: int | None = None
+    max_position_embeddings: int = 1024
+    architecture: str = "angpt"
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    qk_norm: bool = True
+    alpha_shape: str = "vector"
+    alpha_init: float = 0.05
+    alpha_abs: bool = False
+    gate_sqrt_d: str = "gate"
+    nu_att: float = 1.0
+    rope_parameters: dict | None = None
+    attention_logit_transform: str = "none"
+    scale_invariant_tau: float = 10.0
+    logn_init: float | None = None
+    attention_sparsity: str = "none"
+    attention_topk: int = 5
+    attention_window: int = 256
+    attention_block_size: int = 64
+    attention_global_tokens: int = 0
+    attention_chunk_size: int = 1024
+    attention_dropout: float = 0.0
+    is_causal: bool = True
+    classifier_pooling: str = "mean"
+    classifier_dropout: float = 0.0
+    folded: bool = False
+    use_cache: bool = True
+    tie_word_embeddings: bool = False
+    pad_token_id: int | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+
+    def __post_init__(self, **kwargs):
+        if self.intermediate_size is None:
+            self.intermediate_size = 4 * self.hidden_size
+        if self.rope_parameters is None:
+            self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        else:
+            self.rope_parameters = dict(self.rope_parameters)
+            self.rope_parameters.setdefault("rope_type", "default")
+            self.rope_parameters.setdefault("rope_theta", 10000.0)
+            self.rope_parameters.setdefault("partial_rotary_factor", 0.5)
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    def _validate(self) -> None:
+        _check_choice("architecture", self.architecture, ARCHITECTURES)
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "intermediate_size", "max_position_embeddings", "attention_chunk_size"):
+            _check_positive(field, getattr(self, field))
+        if self.head_dim is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(
+                    f"AnGPTConfig.hidden_size={self.hidden_size} must be divisible by "
+                    f"num_attention_heads={self.num_attention_heads} (or set head_dim)")
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        _check_positive("head_dim", self.head_dim)
+        if self.head_dim % 2:
+            raise ValueError(f"AnGPTConfig.head_dim={self.head_dim} must be even (RoPE rotates channel pairs)")
+        _check_choice("alpha_shape", self.alpha_shape, ALPHA_SHAPES)
+        _check_choice("gate_sqrt_d", self.gate_sqrt_d, GATE_SQRT_D_PLACEMENTS)
+        _check_positive("nu_att", self.nu_att)
+        _check_choice("classifier_pooling", self.classifier_pooling, POOLINGS)
+        self._validate_rope()
+        _check_choice("attention_logit_transform", self.attention_logit_transform, LOGIT_TRANSFORMS)
+        _check_positive("scale_invariant_tau", self.scale_invariant_tau)
+        _check_positive("logn_init", self.logn_init, allow_none=True)
+        _check_choice("attention_sparsity", self.attention_sparsity, SPARSITIES)
+        for field in ("attention_topk", "attention_window", "attention_block_size"):
+            _check_positive(field, getattr(self, field))
+        if not isinstance(self.attention_global_tokens, int) or self.attention_global_tokens < 0:
+            raise ValueError(f"AnGPTConfig.attention_global_tokens={self.attention_global_tokens!r} is not valid; "
+                             "expected an integer >= 0")
+        if self.architecture != "gptplus" and self.hidden_size * 4 != self.intermediate_size:
+            # ν_uz = √(d/4d) and ν_d = √(4d/d) (SPEC §1.3) assume the 4d width; nGPT shares the shapes.
+            raise ValueError(f"AnGPTConfig.intermediate_size={self.intermediate_size} is not valid for "
+                             f"architecture={self.architecture!r}; expected 4*hidden_size={4 * self.hidden_size}")
+
+    def _validate_rope(self) -> None:
+        rope = self.rope_parameters
+        if not isinstance(rope, dict):
+            raise ValueError(f"AnGPTConfig.rope_parameters={rope!r} is not valid; expected a dict")
+        _check_choice("rope_parameters['rope_type']", rope.get("rope_type"), ROPE_TYPES)
+        factor = rope.get("partial_rotary_factor")
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0.0 <= factor <= 1.0:
+            raise ValueError(f"AnGPTConfig.rope_parameters['partial_rotary_factor']={factor!r} is not valid; "
+                             "expected a number in [0, 1]")
+        _check_positive("rope_parameters['rope_theta']", rope.get("rope_theta"))
+
+    @property
+    def num_key_value_heads(self) -> int:
+        # Multi-head attention throughout (SPEC §1); exposed because cache and generation utilities read it.
+        return self.num_attention_heads
+
+
+__all__ = ["AnGPTConfig"]

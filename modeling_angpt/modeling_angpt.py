@@ -1,0 +1,285 @@
+"""GPT+, nGPT and anGPT as transformers models: one decoder block, architecture strategies (SPEC.md §1).
+
+Names follow transformers' Llama/Qwen3 (`embed_tokens`, `q_proj`, ..., `input_layernorm`, `lm_head`), so state
+dicts convert key for key. This file and the files it imports with `from .x import` are what
+`save_pretrained` copies next to a checkpoint for `trust_remote_code` loading: it imports nothing else of the project.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
+                                           SequenceClassifierOutputWithPast)
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import capture_outputs
+
+from .architectures_angpt import get_architecture
+from .attention_angpt import eager_attention_forward
+from .configuration_angpt import AnGPTConfig
+from .layers_angpt import RMSNorm, Scale, linear
+from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
+
+
+class AnGPTAttention(nn.Module):
+    """Multi-head attention; the architecture decides the q/k treatment, softmax scale and ν constants."""
+
+    def __init__(self, config: AnGPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        arch = get_architecture(config)
+        self.config, self.layer_idx = config, layer_idx
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.num_key_value_groups = 1
+        self.is_causal = config.is_causal
+        self.scaling = arch.softmax_scale(config)
+        constants = arch.constants(config)
+        self.nu_v, self.nu_o = constants["v"], constants["o"]
+        width = self.num_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+        self.o_proj.residual_output = True
+        self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
+        self.qk_scale = arch.qk_scale(config)
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, past_key_values=None,
+                output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, length, _ = hidden_states.shape
+        heads = (batch, length, self.num_heads, self.head_dim)
+        query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
+        key = self.k_norm(self.k_proj(hidden_states).view(heads)).transpose(1, 2)
+        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(heads).transpose(1, 2)
+        if position_embeddings is not None:
+            query, key = apply_rotary(query, key, *position_embeddings)
+        if self.qk_scale is not None:  # s_qk after RoPE (SPEC §1.2), shared by q and k
+            s_qk = self.qk_scale().view(self.num_heads, 1, self.head_dim).to(query.dtype)
+            query, key = query * s_qk, key * s_qk
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        output, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling,
+                                 dropout=self.config.attention_dropout if self.training else 0.0, **kwargs)
+        output = output.reshape(batch, length, -1)
+        scale = self.nu_o if output_scale is None else output_scale
+        return linear(output, self.o_proj.weight, scale), weights
+
+
+class AnGPTMLP(nn.Module):
+    """SwiGLU x = ν_d W_down(ν_acf · u ⊙ SiLU(z)), u = ν_uz s_u ⊙ W_up h, z = ν_uz √d s_v ⊙ W_gate h (SPEC §1.3)."""
+
+    def __init__(self, config: AnGPTConfig) -> None:
+        super().__init__()
+        arch = get_architecture(config)
+        constants = arch.constants(config)
+        self.nu_up, self.nu_gate, self.nu_down = constants["up"], constants["gate"], constants["down"]
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj.residual_output = True
+        self.up_scale, self.gate_scale = arch.mlp_scales(config)
+
+    def forward(self, x: torch.Tensor, output_scale=None) -> torch.Tensor:
+        up_scale, gate_scale = self.nu_up, self.nu_gate
+        if self.up_scale is not None:
+            up_scale, gate_scale = self.up_scale() * up_scale, self.gate_scale() * gate_scale
+        hidden = linear(x, self.up_proj.weight, up_scale) * nn.functional.silu(linear(x, self.gate_proj.weight, gate_scale))
+        return linear(hidden, self.down_proj.weight, self.nu_down if output_scale is None else output_scale)
+
+
+class AnGPTDecoderLayer(GradientCheckpointingLayer):
+    """The one block: h ← R_A(h, Attn(n_A(h))), h ← R_M(h, MLP(n_M(h))), R and n from the architecture."""
+
+    def __init__(self, config: AnGPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        arch = get_architecture(config)
+        self.self_attn = AnGPTAttention(config, layer_idx)
+        self.mlp = AnGPTMLP(config)
+        self.input_layernorm = arch.branch_norm(config)
+        self.post_attention_layernorm = arch.branch_norm(config)
+        self.attn_residual = arch.residual(config)
+        self.mlp_residual = arch.residual(config)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None,
+                past_key_values: Cache | None = None, **kwargs) -> torch.Tensor:
+        attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask,
+                                     past_key_values, self.attn_residual.output_scale(self.self_attn.nu_o), **kwargs)
+        hidden_states = self.attn_residual(hidden_states, attn_out)
+        mlp_out = self.mlp(self.post_attention_layernorm(hidden_states), self.mlp_residual.output_scale(self.mlp.nu_down))
+        return self.mlp_residual(hidden_states, mlp_out)
+
+
+class AnGPTPreTrainedModel(PreTrainedModel):
+    config_class = AnGPTConfig
+    config: AnGPTConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["AnGPTDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_record_outputs = {"hidden_states": AnGPTDecoderLayer, "attentions": AnGPTAttention}
+
+    @property
+    def architecture_strategy(self):
+        return get_architecture(self.config)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        arch = self.architecture_strategy
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            if getattr(module, "task_head", False):  # classifier heads are ordinary, unconstrained layers
+                init.normal_(module.weight, std=self.config.initializer_range)
+            else:
+                residual_output = getattr(module, "residual_output", False)
+                init.copy_(module.weight, arch.init_matrix(module.weight, self.config, residual_output))
+        elif isinstance(module, RMSNorm) and module.weight is not None:
+            init.ones_(module.weight)
+        elif isinstance(module, Scale):
+            init.constant_(module.weight, module.scale)
+        elif isinstance(module, AnGPTRotaryEmbedding):
+            # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
+            init.copy_(module.inv_freq, module.reset_parameters())
+
+    def constrained_matrices(self):
+        """(weight, residual_output) for every matrix the architecture's constraint covers (not task heads)."""
+        seen = set()
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and not getattr(module, "task_head", False):
+                if id(module.weight) not in seen:  # tied head and embedding share one tensor
+                    seen.add(id(module.weight))
+                    yield module.weight, getattr(module, "residual_output", False)
+
+    @torch.no_grad()
+    def apply_weight_constraints(self) -> None:
+        """Project the weights after an optimiser step: nothing (GPT+), unit norm along d_model (nGPT),
+        rows into the unit ball (anGPT). Call it on every rank after every step (SPEC §1)."""
+        arch = self.architecture_strategy
+        for weight, residual_output in self.constrained_matrices():
+            arch.constrain(weight, residual_output)
+
+    def optimizer_param_groups(self, weight_decay: float = 0.0) -> list[dict]:
+        """Parameter groups for torch optimisers, weight decay where the architecture wants it."""
+        return self.architecture_strategy.optimizer_param_groups(self, weight_decay)
+
+
+class AnGPTModel(AnGPTPreTrainedModel):
+    def __init__(self, config: AnGPTConfig) -> None:
+        super().__init__(config)
+        arch = get_architecture(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(AnGPTDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = arch.final_norm(config)
+        self.rotary_emb = AnGPTRotaryEmbedding(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values: Cache | None = None,
+                inputs_embeds=None, use_cache: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        if position_ids is None:
+            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen
+        mask_args = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                         past_key_values=past_key_values)
+        if self.config.is_causal:
+            mask = create_causal_mask(position_ids=position_ids, **mask_args)
+        else:
+            mask = create_bidirectional_mask(**mask_args)
+        hidden_states = inputs_embeds
+        position_embeddings = None
+        if self.rotary_emb.inv_freq.numel():
+            position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
+                                  past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+
+
+class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: AnGPTConfig) -> None:
+        super().__init__(config)
+        self.model = AnGPTModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.logit_scale = get_architecture(config).logit_scale(config)  # s_z
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
+                **kwargs) -> CausalLMOutputWithPast:
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        hidden_states = outputs.last_hidden_state
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        s_z = None if self.logit_scale is None else self.logit_scale()
+        logits = linear(hidden_states[:, keep, :], self.lm_head.weight, s_z)
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
+    """Sequence classification by pooling the final hidden states (mean over non-padding tokens by default;
+    the semantic-focus tasks use it with `is_causal=False`)."""
+
+    def __init__(self, config: AnGPTConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.model = AnGPTModel(config)
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.score = nn.Linear(config.hidden_size, config.num_labels, bias=False)
+        self.score.task_head = True
+        self.post_init()
+
+    def pool(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        if attention_mask is None:
+            attention_mask = torch.ones(hidden_states.shape[:2], device=hidden_states.device)
+        mask = attention_mask.to(hidden_states.dtype)
+        if self.config.classifier_pooling == "mean":
+            summed = (hidden_states * mask.unsqueeze(-1)).sum(1)
+            return summed / mask.sum(1, keepdim=True).clamp_min(1.0)
+        # "last": the last non-padding position, whether padding is on the left or the right
+        positions = torch.arange(mask.shape[1], device=mask.device)
+        last = (attention_mask.long() * positions).argmax(-1)
+        return hidden_states[torch.arange(hidden_states.shape[0], device=mask.device), last]
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, **kwargs) -> SequenceClassifierOutputWithPast:
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        pooled = self.pool(outputs.last_hidden_state, attention_mask)
+        logits = self.score(self.dropout(pooled))
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
+        return SequenceClassifierOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                                                hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+__all__ = ["AnGPTPreTrainedModel", "AnGPTModel", "AnGPTForCausalLM", "AnGPTForSequenceClassification"]
