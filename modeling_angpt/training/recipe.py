@@ -1,0 +1,202 @@
+"""Training recipes: one dataclass of keys, loaded from YAML, overridden by `--override key=value`.
+
+Keys use transformers' `TrainingArguments` names wherever one exists (output_dir, learning_rate, ...), so
+a recipe reads the same to a Trainer user. Optimiser keys left unset (None) are filled from the model's
+architecture strategy (`model.architecture_strategy.recipe_defaults`, SPEC.md §1): GPT+ gets AdamW with
+weight decay and 20 % warm-up, nGPT/anGPT get Adam without either. Every error names the key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class Recipe:
+    # --- model -------------------------------------------------------------------------------
+    model: str = "angpt-tiny"              # preset name (configuration/presets/NAME.json) or a config JSON path
+    architecture: str | None = None        # overrides the preset's architecture: angpt | ngpt | gptplus
+    model_kwargs: dict = field(default_factory=dict)  # any other AnGPTConfig field (attention variants, ...)
+    init_from: str | None = None           # a training-form checkpoint to start from (folded ones are refused)
+    # --- data --------------------------------------------------------------------------------
+    dataset: str = "shakespeare"           # "shakespeare", local file(s)/dir, or a Hub dataset name
+    dataset_config: str | None = None      # Hub configuration name
+    dataset_split: str = "train"
+    text_column: str = "text"
+    streaming: bool = False                # stream (Hub-scale corpora): tokenise and pack on the fly
+    max_corpus_chars: int | None = None    # use only the first N characters (quick runs, tests)
+    block_size: int = 256
+    validation_fraction: float = 0.05
+    validation_blocks: int = 64            # streaming only: the first N blocks of the stream are held out
+    data_seed: int = 1234                  # fixes the train/validation split independently of `seed`
+    tokenizer: str | None = None           # HF tokenizer name/path; None trains a byte-level BPE
+    tokenizer_vocab_size: int = 8192
+    data_cache_dir: str | None = None      # where tokenizer + packed blocks are cached
+    # --- transformers.TrainingArguments names --------------------------------------------------
+    output_dir: str = "runs/default"
+    seed: int = 42
+    max_steps: int = 1000
+    per_device_train_batch_size: int = 16
+    per_device_eval_batch_size: int = 16
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-3
+    weight_decay: float | None = None
+    warmup_ratio: float | None = None
+    lr_scheduler_type: str | None = None   # cosine | linear | constant
+    adam_beta1: float | None = None
+    adam_beta2: float | None = None
+    adam_epsilon: float | None = None
+    max_grad_norm: float | None = None
+    optim: str | None = None               # adamw (Adam when weight_decay == 0)
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    logging_steps: int = 10
+    eval_steps: int = 100
+    save_steps: int = 500
+    save_total_limit: int | None = 2
+    report_to: list = field(default_factory=lambda: ["tensorboard", "jsonl"])
+    disable_tqdm: bool = False
+    dataloader_num_workers: int = 0
+    # --- not in TrainingArguments ------------------------------------------------------------
+    min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (SPEC §1: 0.01)
+    eval_max_batches: int | None = None    # cap validation cost on big corpora
+    peak_flops: float | None = None        # per device, for MFU; None = guess from the device
+
+    # Keys the architecture strategy may fill (recipe_defaults name -> recipe key).
+    ARCHITECTURE_KEYS = {"optimizer": "optim", "weight_decay": "weight_decay", "warmup_ratio": "warmup_ratio",
+                         "adam_beta1": "adam_beta1", "adam_beta2": "adam_beta2",
+                         "adam_epsilon": "adam_epsilon", "max_grad_norm": "max_grad_norm",
+                         "lr_scheduler_type": "lr_scheduler_type", "min_lr_ratio": "min_lr_ratio"}
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("max_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
+                     "gradient_accumulation_steps", "block_size", "logging_steps", "tokenizer_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"recipe key {name}={getattr(self, name)!r} must be > 0")
+        if not 0.0 < self.validation_fraction < 1.0:
+            raise ValueError(f"recipe key validation_fraction={self.validation_fraction!r} must be in (0, 1)")
+        if self.learning_rate <= 0:
+            raise ValueError(f"recipe key learning_rate={self.learning_rate!r} must be > 0")
+        if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"recipe key warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
+        unknown = set(self.report_to) - {"tensorboard", "jsonl", "none"}
+        if unknown:
+            raise ValueError(f"recipe key report_to has unknown entries {sorted(unknown)}; "
+                             "expected tensorboard, jsonl or none")
+
+    def with_architecture_defaults(self, defaults: dict) -> "Recipe":
+        """Return a copy where every optimiser key left unset takes the architecture's value."""
+        filled = {}
+        for default_key, recipe_key in self.ARCHITECTURE_KEYS.items():
+            if getattr(self, recipe_key) is None and default_key in defaults:
+                filled[recipe_key] = defaults[default_key]
+        return dataclasses.replace(self, **filled)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _field_types() -> dict[str, object]:
+    hints = typing.get_type_hints(Recipe)
+    return {f.name: hints[f.name] for f in dataclasses.fields(Recipe)}
+
+
+def _unknown_key_error(key: str, where: str) -> ValueError:
+    names = list(_field_types())
+    close = difflib.get_close_matches(key, names, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return ValueError(f"unknown recipe key {key!r} in {where}{hint}")
+
+
+def _coerce(key: str, value, annotation):
+    """Coerce a YAML/CLI value to the field's declared type; a wrong type is an error naming the key."""
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    base = typing.get_origin(annotation) or annotation
+    if base is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif base is int and not isinstance(value, bool):
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer()):
+            return int(value)
+    elif base is float and not isinstance(value, bool):
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # YAML reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif base is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    elif base is list:
+        if isinstance(value, str):
+            return [v for v in value.split(",") if v]
+        if isinstance(value, list):
+            return value
+    elif base is dict and isinstance(value, dict):
+        return value
+    raise ValueError(f"recipe key {key}={value!r} has the wrong type; expected {getattr(base, '__name__', base)}")
+
+
+def recipe_from_dict(values: dict, where: str = "recipe") -> Recipe:
+    types_ = _field_types()
+    kwargs = {}
+    for key, value in values.items():
+        if key not in types_:
+            raise _unknown_key_error(key, where)
+        kwargs[key] = _coerce(key, value, types_[key])
+    return Recipe(**kwargs)
+
+
+def apply_overrides(values: dict, overrides: list[str]) -> dict:
+    """`key=value` strings; values parse as YAML (`bf16=true`, `report_to=[jsonl]`). A dotted key
+    `model_kwargs.attention_sparsity=topk` sets one entry of a dict-valued key."""
+    values = dict(values)
+    types_ = _field_types()
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"--override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        value = yaml.safe_load(raw) if raw != "" else None
+        top, _, sub = key.partition(".")
+        if top not in types_:
+            raise _unknown_key_error(top, "--override")
+        if sub:
+            if typing.get_origin(types_[top]) is not dict and types_[top] is not dict:
+                raise ValueError(f"--override {key}: recipe key {top!r} is not a mapping")
+            values[top] = {**(values.get(top) or {}), sub: value}
+        else:
+            values[key] = value
+    return values
+
+
+def load_recipe(path: str | Path | None = None, overrides: list[str] | None = None) -> Recipe:
+    """Read a recipe YAML (or start from defaults when `path` is None) and apply overrides."""
+    values: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"recipe file not found: {path}")
+        loaded = yaml.safe_load(path.read_text())
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"recipe {path} must be a YAML mapping of keys to values")
+        values = loaded or {}
+    return recipe_from_dict(apply_overrides(values, overrides or []),
+                            where=str(path) if path else "recipe")
