@@ -127,6 +127,23 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _can_record_outputs = {"hidden_states": AnGPTDecoderLayer, "attentions": AnGPTAttention}
 
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' loader, but a checkpoint that does not fit the config is an error naming the tensors,
+        never a silently re-initialised (half-loaded) model. `ignore_mismatched_sizes=True` opts out."""
+        if kwargs.get("ignore_mismatched_sizes"):
+            return super().from_pretrained(*args, **kwargs)
+        wants_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        problems = [f"{name}: checkpoint {tuple(saved)} vs config {tuple(expected)}"
+                    for name, saved, expected in sorted(info["mismatched_keys"])]
+        problems += [f"{name}: missing from the checkpoint" for name in sorted(info["missing_keys"])]
+        if problems:
+            source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+            raise ValueError(f"checkpoint {source} does not match its config ({len(problems)} tensors): "
+                             + "; ".join(problems[:8]))
+        return (model, info) if wants_info else model
+
     @property
     def architecture_strategy(self):
         return get_architecture(self.config)

@@ -1,0 +1,40 @@
+"""Shared test setup: offline, deterministic, float32, tiny models on CPU."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+ARCHITECTURES = ("gptplus", "ngpt", "angpt")
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_hf_home(tmp_path_factory):
+    # Remote-code modules are cached under HF_HOME; keep each run's cache out of the user's home.
+    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
+    yield
+
+
+@pytest.fixture
+def tiny_config():
+    """Factory for small configs: d=32, 2 layers, 4 heads, vocab 101."""
+    from modeling_angpt import AnGPTConfig
+
+    def make(architecture: str = "angpt", **overrides):
+        fields = dict(vocab_size=101, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      max_position_embeddings=64, architecture=architecture)
+        fields.update(overrides)
+        return AnGPTConfig(**fields)
+
+    return make
