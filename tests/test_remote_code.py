@@ -1,0 +1,52 @@
+"""A saved checkpoint loads with trust_remote_code in a fresh interpreter that cannot import modeling_angpt."""
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from modeling_angpt import AnGPTForCausalLM
+
+from conftest import ARCHITECTURES
+
+# The child blocks `modeling_angpt` (installed editable here) before transformers is imported, so only the
+# files saved next to the checkpoint can provide the model.
+CHILD = textwrap.dedent("""
+    import importlib.abc, json, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "modeling_angpt" or name.startswith("modeling_angpt."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+    sys.meta_path.insert(0, Block())
+    try:
+        import modeling_angpt
+        raise SystemExit("modeling_angpt is importable: the test would prove nothing")
+    except ModuleNotFoundError:
+        pass
+    import torch
+    from transformers import AutoModelForCausalLM
+    directory, ids = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))
+    model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True, attn_implementation="eager")
+    assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+    with torch.no_grad():
+        logits = model(ids).logits
+    generated = model.generate(ids[:1, :4], max_new_tokens=5, do_sample=False)
+    print(json.dumps({"logits": logits.tolist(), "generated": generated.tolist()}))
+""")
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_trust_remote_code_in_fresh_interpreter(tmp_path, tiny_config, architecture):
+    model = AnGPTForCausalLM._from_config(tiny_config(architecture), attn_implementation="eager").eval()
+    model.save_pretrained(tmp_path)
+    ids = torch.randint(0, 101, (2, 10))
+    result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), json.dumps(ids.tolist())],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    child = json.loads(result.stdout.strip().splitlines()[-1])
+    with torch.no_grad():
+        expected = model(ids).logits
+    assert torch.equal(torch.tensor(child["logits"]), expected)
+    assert child["generated"] == model.generate(ids[:1, :4], max_new_tokens=5, do_sample=False).tolist()
