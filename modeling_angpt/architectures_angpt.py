@@ -48,6 +48,10 @@ class Architecture:
         """s_qk, one vector over all heads' channels shared by q and k, applied after RoPE."""
         return Scale(config.num_attention_heads * config.head_dim, 1.0, 1.0 / math.sqrt(config.hidden_size))
 
+    def query_gain(self, config) -> nn.Module | None:
+        """A plain per-channel gain on q only, after RoPE: the folded inference form's c_q (SPEC §2)."""
+        return None
+
     def mlp_scales(self, config) -> tuple[Scale, Scale] | tuple[None, None]:
         """(s_u, s_v) on the MLP's up and gate outputs."""
         size = config.intermediate_size

@@ -21,7 +21,9 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
 from .attention_angpt import eager_attention_forward
+from .card_angpt import write_model_card
 from .configuration_angpt import AnGPTConfig
+from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
 from .layers_angpt import RMSNorm, Scale, linear
 from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
 
@@ -47,6 +49,7 @@ class AnGPTAttention(nn.Module):
         self.o_proj.residual_output = True
         self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
         self.qk_scale = arch.qk_scale(config)
+        self.query_gain = arch.query_gain(config)  # folded form only: c_q = √d_h·s_qk² (SPEC §2)
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, past_key_values=None,
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -60,6 +63,8 @@ class AnGPTAttention(nn.Module):
         if self.qk_scale is not None:  # s_qk after RoPE (SPEC §1.2), shared by q and k
             s_qk = self.qk_scale().view(self.num_heads, 1, self.head_dim).to(query.dtype)
             query, key = query * s_qk, key * s_qk
+        if self.query_gain is not None:  # folded form: all of q's and k's factors merged onto q (SPEC §2)
+            query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
@@ -144,6 +149,41 @@ class AnGPTPreTrainedModel(PreTrainedModel):
                              + "; ".join(problems[:8]))
         return (model, info) if wants_info else model
 
+    def train(self, mode: bool = True):
+        if mode and getattr(self.config, "folded", False):
+            raise RuntimeError(FOLDED_TRAINING_ERROR)
+        return super().train(mode)
+
+    def fold(self, dtype: torch.dtype | None = None):
+        """A new model in the inference form of SPEC §2 (config.folded=True): no ν, no scales, no LERP."""
+        return fold_model(self, dtype)
+
+    def save_pretrained(self, save_directory, *args, card_info: dict | None = None, **kwargs):
+        """transformers' save_pretrained, then a README.md model card with Hub metadata (card_angpt.py)."""
+        push = kwargs.pop("push_to_hub", False)
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if (args[0] if args else kwargs.get("is_main_process", True)):
+            write_model_card(self, save_directory, card_info)
+        if push:
+            self.push_to_hub(kwargs.pop("repo_id", str(save_directory).rstrip("/").split("/")[-1]), card_info=card_info,
+                             token=kwargs.get("token"))
+        return result
+
+    def push_to_hub(self, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,
+                    token=None, max_shard_size="50GB", create_pr: bool = False, revision: str | None = None,
+                    commit_description: str | None = None, card_info: dict | None = None, **kwargs):
+        """Like transformers' push_to_hub, but uploads this library's model card instead of the generic one."""
+        import tempfile
+
+        from transformers.utils import hub
+
+        repo_id = hub.hf_api().create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            self.save_pretrained(tmp_dir, max_shard_size=max_shard_size, card_info={**(card_info or {}), "repo_id": repo_id})
+            return self._upload_modified_files(tmp_dir, repo_id, files_timestamps={}, commit_message=commit_message,
+                                               token=token, create_pr=create_pr, revision=revision,
+                                               commit_description=commit_description)
+
     @property
     def architecture_strategy(self):
         return get_architecture(self.config)
@@ -161,6 +201,8 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
         elif isinstance(module, Scale):
             init.constant_(module.weight, module.scale)
+        elif isinstance(module, Gain):
+            init.ones_(module.weight)
         elif isinstance(module, AnGPTRotaryEmbedding):
             # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
             init.copy_(module.inv_freq, module.reset_parameters())

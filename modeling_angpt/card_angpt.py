@@ -1,0 +1,128 @@
+"""Model cards: the README.md that `save_pretrained`, `push_to_hub` and `angpt export` write next to a checkpoint.
+
+Hub metadata (YAML front matter through huggingface_hub's ModelCardData): library, license, pipeline tag,
+tags for the architecture and attention variant, training data, and the validation loss as a model-index
+entry when known. What is known about training comes from `card_info` (a dict: `datasets`, `train_tokens`,
+`val_loss`, `license`, `repo_id`, `base_model`), given to `save_pretrained(..., card_info=...)` or set as
+`model.card_info` by the training code; `read_card_info(dir)` recovers it from a written card.
+
+A flat model file (remote code): imports only the standard library and huggingface_hub.
+"""
+from __future__ import annotations
+
+import os
+
+CARD_KEYS = ("datasets", "train_tokens", "val_loss", "license", "repo_id", "base_model")
+_ARCH_TITLES = {"angpt": "anGPT (approximately normalized GPT)", "ngpt": "nGPT (normalized GPT)",
+                "gptplus": "GPT+ (pre-norm GPT with QK-norm)"}
+
+
+def attention_summary(config) -> dict:
+    rope = config.rope_parameters or {}
+    return {"rope_type": rope.get("rope_type", "default"),
+            "partial_rotary_factor": rope.get("partial_rotary_factor"),
+            "logit_transform": config.attention_logit_transform,
+            "sparsity": config.attention_sparsity,
+            "causal": bool(config.is_causal)}
+
+
+def _usage(model_id: str, causal: bool, has_tokenizer: bool) -> str:
+    if not causal:
+        return (f"import torch\nfrom transformers import AutoModelForSequenceClassification\n\n"
+                f"model = AutoModelForSequenceClassification.from_pretrained({model_id!r}, trust_remote_code=True)\n"
+                "print(model(torch.tensor([[1, 2, 3, 4]])).logits)\n")
+    if has_tokenizer:
+        return (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+                f"tokenizer = AutoTokenizer.from_pretrained({model_id!r})\n"
+                f"model = AutoModelForCausalLM.from_pretrained({model_id!r}, trust_remote_code=True)\n"
+                "inputs = tokenizer(\"To be, or not to be\", return_tensors=\"pt\")\n"
+                "output = model.generate(**inputs, max_new_tokens=20, do_sample=False)\n"
+                "print(tokenizer.decode(output[0], skip_special_tokens=True))\n")
+    return (f"import torch\nfrom transformers import AutoModelForCausalLM\n\n"
+            f"model = AutoModelForCausalLM.from_pretrained({model_id!r}, trust_remote_code=True)\n"
+            "input_ids = torch.tensor([[1, 2, 3, 4]])  # token ids of your tokenizer\n"
+            "output = model.generate(input_ids, max_new_tokens=20, do_sample=False)\n"
+            "print(output[0].tolist())\n")
+
+
+def model_card_text(config, card_info: dict | None = None, model_id: str | None = None,
+                    has_tokenizer: bool = False, class_name: str = "AnGPTForCausalLM") -> str:
+    from huggingface_hub import EvalResult, ModelCardData
+
+    info = {k: v for k, v in (card_info or {}).items() if v is not None}
+    model_id = info.get("repo_id") or model_id or "path/to/checkpoint"
+    arch = config.architecture
+    attention = attention_summary(config)
+    causal = "CausalLM" in class_name
+    datasets = info.get("datasets")
+    if isinstance(datasets, str):
+        datasets = [datasets]
+    tags = ["angpt", arch, "custom_code", f"rope-{attention['rope_type']}",
+            f"attention-{attention['logit_transform']}", f"sparsity-{attention['sparsity']}"]
+    if config.folded:
+        tags.append("folded")
+    eval_results = None
+    if info.get("val_loss") is not None and datasets:
+        eval_results = [EvalResult(task_type="text-generation", dataset_type=datasets[0], dataset_name=datasets[0],
+                                   metric_type="loss", metric_name="validation loss",
+                                   metric_value=float(info["val_loss"]))]
+    data = ModelCardData(
+        library_name="transformers", license=info.get("license", "apache-2.0"),
+        pipeline_tag="text-generation" if causal else "text-classification", tags=tags, datasets=datasets,
+        base_model=info.get("base_model"), model_name=model_id.rstrip("/").split("/")[-1],
+        eval_results=eval_results,
+        angpt={"architecture": arch, "folded": bool(config.folded), "attention": attention,
+               "hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers,
+               "num_attention_heads": config.num_attention_heads, "vocab_size": config.vocab_size,
+               "train_tokens": info.get("train_tokens"), "val_loss": info.get("val_loss")})
+    form = ("**Folded inference form** (SPEC §2): every constant is in the weights; this checkpoint runs "
+            "inference only and refuses training." if config.folded else
+            "Training form: fine-tune it, or fold it for inference with `angpt export SRC DST`.")
+    lines = [
+        "---", data.to_yaml(), "---", "",
+        f"# {model_id.rstrip('/').split('/')[-1]}", "",
+        f"A {_ARCH_TITLES.get(arch, arch)} model, `{class_name}`, from the `angpt` library. {form}", "",
+        "| | |", "|---|---|",
+        f"| architecture | `{arch}` |",
+        f"| size | d={config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads, "
+        f"vocab {config.vocab_size} |",
+        f"| attention | RoPE `{attention['rope_type']}` (rotary fraction {attention['partial_rotary_factor']}), "
+        f"logit transform `{attention['logit_transform']}`, sparsity `{attention['sparsity']}` |",
+        f"| training data | {', '.join(datasets) if datasets else 'unknown'} |",
+        f"| training tokens | {info.get('train_tokens', 'unknown')} |",
+        f"| validation loss | {info.get('val_loss', 'unknown')} |", "",
+        "## Usage", "",
+        "The model code ships with the checkpoint (`trust_remote_code=True`); with `pip install angpt` "
+        "the Auto classes find it without remote code.", "",
+        "```python", _usage(model_id, causal, has_tokenizer).rstrip(), "```", "",
+    ]
+    return "\n".join(lines)
+
+
+def write_model_card(model, directory, card_info: dict | None = None) -> str:
+    """Write README.md into `directory` (after the weights and tokenizer files, which it looks for)."""
+    info = dict(getattr(model, "card_info", None) or {})
+    info.update(card_info or {})
+    has_tokenizer = any(os.path.exists(os.path.join(directory, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
+    text = model_card_text(model.config, info, model_id=info.get("repo_id") or str(directory),
+                           has_tokenizer=has_tokenizer, class_name=type(model).__name__)
+    path = os.path.join(directory, "README.md")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    return path
+
+
+def read_card_info(directory) -> dict:
+    """The `card_info` recorded in a card written by `write_model_card` ({} when there is none)."""
+    path = os.path.join(directory, "README.md")
+    if not os.path.isfile(path):
+        return {}
+    from huggingface_hub import ModelCard
+
+    data = ModelCard.load(path).data.to_dict()
+    info = {"license": data.get("license"), "datasets": data.get("datasets"), "base_model": data.get("base_model")}
+    info.update({k: v for k, v in (data.get("angpt") or {}).items() if k in ("train_tokens", "val_loss")})
+    return {k: v for k, v in info.items() if v is not None}
+
+
+__all__ = ["model_card_text", "write_model_card", "read_card_info", "attention_summary"]
