@@ -23,7 +23,7 @@ venv install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/angpt train configuration/recipes/demo_cpu.yaml --override output_dir=$(DEMO_DIR)
 	$(VENV)/bin/angpt export $(DEMO_DIR)/final $(DEMO_DIR)/folded
-	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --suite demo
+	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --max-batches 8
 	$(VENV)/bin/angpt generate $(DEMO_DIR)/folded --prompt "ROMEO:" --max-new-tokens 60
 
 test: $(STAMP)
