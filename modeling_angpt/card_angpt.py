@@ -81,7 +81,7 @@ def model_card_text(config, card_info: dict | None = None, model_id: str | None 
     lines = [
         "---", data.to_yaml(), "---", "",
         f"# {model_id.rstrip('/').split('/')[-1]}", "",
-        f"A {_ARCH_TITLES.get(arch, arch)} model, `{class_name}`, from the `angpt` library. {form}", "",
+        f"Model: {_ARCH_TITLES.get(arch, arch)}, `{class_name}`, from the `angpt` library. {form}", "",
         "| | |", "|---|---|",
         f"| architecture | `{arch}` |",
         f"| size | d={config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads, "
