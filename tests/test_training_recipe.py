@@ -1,0 +1,100 @@
+"""Recipes, overrides, optimiser and schedule, and the shipped configuration files (no training here)."""
+import math
+
+import pytest
+import torch
+import yaml
+from training_fixtures import REPO
+
+from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from modeling_angpt.training.optim import build_optimizer, build_scheduler, lr_multiplier
+from modeling_angpt.training.recipe import apply_overrides, load_recipe, recipe_from_dict
+
+
+def test_overrides_coerce_to_the_declared_types(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"learning_rate": "3e-4", "max_steps": 10}))
+    recipe = load_recipe(path, ["max_steps=25", "bf16=true", "learning_rate=1e-3", "report_to=jsonl",
+                                "model_kwargs.attention_sparsity=topk", "weight_decay=0"])
+    assert recipe.max_steps == 25 and recipe.bf16 is True
+    assert recipe.learning_rate == pytest.approx(1e-3) and isinstance(recipe.weight_decay, float)
+    assert recipe.report_to == ["jsonl"]
+    assert recipe.model_kwargs == {"attention_sparsity": "topk"}
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"learning_rat": 0.1}, "unknown recipe key 'learning_rat'.*did you mean learning_rate"),
+    ({"max_steps": "many"}, "max_steps='many' has the wrong type"),
+    ({"max_steps": 0}, "max_steps=0 must be > 0"),
+])
+def test_bad_recipe_values_name_the_key(bad, message):
+    with pytest.raises(ValueError, match=message):
+        recipe_from_dict(bad)
+
+
+def test_override_of_unknown_key_suggests_close_names():
+    with pytest.raises(ValueError, match="'per_device_batch_size'.*per_device_train_batch_size"):
+        apply_overrides({}, ["per_device_batch_size=4"])
+
+
+def _tiny(architecture):
+    return AnGPTForCausalLM(AnGPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                                        num_attention_heads=2, architecture=architecture))
+
+
+def test_architecture_fills_unset_optimiser_keys_and_recipe_wins():
+    plus = recipe_from_dict({"max_steps": 100}).with_architecture_defaults(
+        _tiny("gptplus").architecture_strategy.recipe_defaults)
+    assert (plus.weight_decay, plus.warmup_ratio, plus.min_lr_ratio) == (0.1, 0.2, 0.01)   # SPEC §1.1
+    angpt = recipe_from_dict({"max_steps": 100, "warmup_ratio": 0.05}).with_architecture_defaults(
+        _tiny("angpt").architecture_strategy.recipe_defaults)
+    assert angpt.weight_decay == 0.0 and angpt.warmup_ratio == 0.05                        # SPEC §1.3 + override
+    assert (angpt.adam_beta1, angpt.adam_beta2, angpt.adam_epsilon) == (0.9, 0.95, 1e-9)
+
+
+def test_gptplus_decays_matrices_only_and_schedule_matches_spec():
+    model = _tiny("gptplus")
+    recipe = recipe_from_dict({"max_steps": 100, "learning_rate": 1.0}).with_architecture_defaults(
+        model.architecture_strategy.recipe_defaults)
+    optimizer = build_optimizer(model, recipe)
+    for group in optimizer.param_groups:
+        assert all(p.ndim >= 2 for p in group["params"]) or group["weight_decay"] == 0.0
+    assert any(g["weight_decay"] == 0.1 for g in optimizer.param_groups)
+    scheduler = build_scheduler(optimizer, recipe)
+    lrs = []
+    for _ in range(100):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs[0] == pytest.approx(1 / 20) and lrs[19] == pytest.approx(1.0)  # 20 % linear warm-up
+    assert lrs[-1] == pytest.approx(0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * 79 / 80)))
+    assert lr_multiplier(100, 100, 0, "cosine", 0.01) == pytest.approx(0.01)  # floor at 0.01 × peak
+
+
+def test_shipped_recipes_and_presets_load():
+    for path in sorted((REPO / "configuration" / "recipes").glob("*.yaml")):
+        load_recipe(path)
+    sizes = {}
+    for arch in ("angpt", "ngpt", "gptplus"):
+        for name in ("10m", "0.5b", "1b"):
+            from transformers import AutoConfig
+            config = AutoConfig.from_pretrained(REPO / "configuration" / "presets" / f"{arch}-{name}.json")
+            assert config.architecture == arch
+            with torch.device("meta"):
+                model = AnGPTForCausalLM(config)
+            sizes[arch, name] = sum(p.numel() for p in model.parameters())
+    paper = AutoConfig.from_pretrained(REPO / "configuration" / "presets" / "angpt-0.5b.json")
+    assert (paper.hidden_size, paper.num_hidden_layers, paper.num_attention_heads) == (1024, 24, 16)
+    assert 9e6 < sizes["angpt", "10m"] < 12e6 and 0.45e9 < sizes["angpt", "0.5b"] < 0.56e9
+    assert 0.95e9 < sizes["gptplus", "1b"] < 1.15e9
+
+
+def test_accelerate_configs_load():
+    from accelerate.commands.config.config_args import load_config_from_file
+    configs = {p.stem: load_config_from_file(str(p))
+               for p in (REPO / "configuration" / "accelerate").glob("*.yaml")}
+    assert configs["a100x8_ddp"].num_processes == 8
+    fsdp = configs["a100x8_fsdp2"]
+    assert fsdp.fsdp_config["fsdp_version"] == 2
+    assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "AnGPTDecoderLayer"
+    assert configs["cpu_2proc"].num_processes == 2

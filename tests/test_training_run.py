@@ -1,0 +1,67 @@
+"""End-to-end CPU training on real text (the default Shakespeare corpus), float32, tiny models."""
+import json
+
+import numpy as np
+import pytest
+from training_fixtures import data_cache, max_row_norm, write_recipe  # noqa: F401 (fixtures)
+
+from modeling_angpt.training import NonFiniteLossError, load_recipe, train
+from modeling_angpt.training.checkpoint import list_checkpoints
+
+
+@pytest.mark.parametrize("architecture", ["gptplus", "ngpt", "angpt"])
+def test_sixty_steps_lower_validation_loss(architecture, write_recipe, tmp_path):
+    recipe = load_recipe(write_recipe(), [f"architecture={architecture}"])
+    result = train(recipe)
+    steps, vals = zip(*result.val_losses)
+    assert steps == (0, 30, 60) and result.step == 60
+    assert vals[-1] < vals[0] - 0.5, f"{architecture}: validation loss {vals[0]:.3f} -> {vals[-1]:.3f}"
+    if architecture == "angpt":
+        assert max_row_norm(result.model) <= 1 + 1e-5   # SPEC §1.3 row-ball constraint held to the end
+
+    # What the run leaves behind: final model + tokenizer that the Auto classes reload, metadata, metrics.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    final = tmp_path / "run" / "final"
+    model = AutoModelForCausalLM.from_pretrained(final)
+    tokenizer = AutoTokenizer.from_pretrained(final)
+    assert model.config.architecture == architecture and model.config.vocab_size == len(tokenizer)
+    meta = json.loads((final / "training_metadata.json").read_text())
+    assert meta["tokens_seen"] == 60 * 8 * 64 and meta["final_val_loss"] == pytest.approx(vals[-1])
+    assert meta["dataset"].startswith("shakespeare")
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in logged] == [10, 20, 30, 40, 50, 60]
+    assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in logged)
+    assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 10_000
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_kill_and_resume_reproduces_the_uninterrupted_losses(write_recipe, tmp_path):
+    # A 12k-character slice gives fewer than 20 batches per epoch, so the resumed stretch crosses an epoch
+    # boundary (the reshuffle must be the one the uninterrupted run drew).
+    common = ["max_steps=40", "eval_steps=0", "save_steps=10", "save_total_limit=2", "max_corpus_chars=12000"]
+    full = train(load_recipe(write_recipe(), common + [f"output_dir={tmp_path / 'full'}"]))
+    parted = load_recipe(write_recipe(), common + [f"output_dir={tmp_path / 'parted'}"])
+    first = train(parted, stop_after_steps=20)
+    assert first.final_dir is None and first.step == 20
+    resumed = train(parted, resume=True)
+
+    assert resumed.start_step == 20 and len(resumed.losses) == 40
+    np.testing.assert_allclose(resumed.losses, full.losses, rtol=0, atol=1e-6)
+    kept = [p.name for p in list_checkpoints(tmp_path / "parted")]
+    assert kept == ["step_0000030", "step_0000040"]               # save_total_limit=2
+    assert not list((tmp_path / "parted" / "checkpoints").glob(".tmp*"))
+    state = json.loads((tmp_path / "parted" / "checkpoints" / "step_0000040" / "trainer_state.json").read_text())
+    assert state["batches"] == 40 and state["rng"]["sampler_epoch"] >= 2
+
+
+def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(write_recipe, tmp_path):
+    # A learning rate of 1e30 makes the weights overflow within a few steps.
+    recipe = load_recipe(write_recipe(), ["architecture=gptplus", "learning_rate=1e30", "warmup_ratio=0",
+                                          "save_steps=1", "eval_steps=0", "max_steps=20"])
+    with pytest.raises(NonFiniteLossError, match=r"non-finite training loss \((nan|inf)\) at step (\d+)") as info:
+        train(recipe)
+    step = int(info.value.args[0].split("at step ")[1].split(";")[0])
+    last = tmp_path / "run" / "checkpoints" / f"step_{step - 1:07d}"
+    assert str(last) in str(info.value) and (last / "model.safetensors").is_file()
+    assert not (tmp_path / "run" / "final").exists()

@@ -1,0 +1,58 @@
+"""Shared helpers for tests/test_training_*.py (imported by them; tests/conftest.py belongs to the lead).
+
+Every training test uses a tiny float32 anGPT-family model (d=32, 2 layers, blocks of 64 tokens) on a
+slice of the real default corpus (Shakespeare), with a 512-token byte-level BPE trained once per test
+session and cached, like the packed blocks, in one session-wide directory."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = {
+    "model": "angpt-tiny",
+    "model_kwargs": {"hidden_size": 32, "intermediate_size": 128, "num_hidden_layers": 2,
+                     "num_attention_heads": 2, "max_position_embeddings": 64},
+    "max_corpus_chars": 200_000,
+    "tokenizer_vocab_size": 512,
+    "block_size": 64,
+    "per_device_train_batch_size": 8,
+    "per_device_eval_batch_size": 32,
+    "learning_rate": 0.01,
+    "max_steps": 60,
+    "logging_steps": 10,
+    "eval_steps": 30,
+    "save_steps": 30,
+    "eval_max_batches": 4,
+    "disable_tqdm": True,
+    "bf16": False,   # float32: exactness checks need it
+}
+
+
+@pytest.fixture(scope="session")
+def data_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("angpt-data-cache")
+
+
+@pytest.fixture
+def write_recipe(tmp_path, data_cache):
+    """write_recipe(**overrides) -> path of a recipe YAML for a tiny run under tmp_path."""
+    def write(name: str = "recipe.yaml", **overrides) -> Path:
+        values = {**TINY, "data_cache_dir": str(data_cache), "output_dir": str(tmp_path / "run"), **overrides}
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(values))
+        return path
+    return write
+
+
+def max_row_norm(model) -> float:
+    """Largest L2 norm of any row (last axis) of any matrix of the model (SPEC §1.3 constraint)."""
+    return max(float(p.detach().norm(dim=-1).max()) for p in model.parameters() if p.ndim == 2)
