@@ -14,6 +14,38 @@ GATE_SQRT_D_PLACEMENTS = ("gate", "both")
 ROPE_TYPES = ("default", "proportional", "scale_invariant_p", "dynamic", "yarn", "linear", "none")
 LOGIT_TRANSFORMS = ("none", "alibi", "logn", "scale_invariant")
 SPARSITIES = ("none", "topk", "window", "block")
+# Which attention backend computes which (logit transform, sparsity) exactly (SPEC §3). Positions are applied to
+# q and k outside every kernel, and LogN is a query scaling, so neither restricts the backend. scale_invariant
+# multiplies the score (not an additive mask) and top-k depends on the logits: only the explicit math (eager,
+# chunked eager) and, for scale_invariant, FlexAttention's score_mod compute them. attention_angpt.py enforces it.
+ATTENTION_BACKEND_SUPPORT = {
+    "eager": (LOGIT_TRANSFORMS, SPARSITIES),
+    "angpt_chunked": (LOGIT_TRANSFORMS, SPARSITIES),
+    "sdpa": (("none", "alibi", "logn"), ("none", "window", "block")),
+    "flex_attention": (("none", "alibi", "logn", "scale_invariant"), ("none", "window", "block")),
+    "flash_attention_2": (("none", "alibi", "logn"), ("none",)),
+}
+OTHER_BACKEND_SUPPORT = (("none", "logn"), ("none",))  # any other transformers backend (vLLM, paged, ...)
+
+
+def attention_backends_supporting(transform: str, sparsity: str) -> list[str]:
+    return [name for name, (transforms, sparsities) in ATTENTION_BACKEND_SUPPORT.items()
+            if transform in transforms and sparsity in sparsities]
+
+
+def check_attention_backend(config, implementation: str | None) -> None:
+    """Raise a ValueError naming the variant and the backends that compute it, never fall back silently."""
+    implementation = implementation or "eager"
+    transforms, sparsities = ATTENTION_BACKEND_SUPPORT.get(implementation, OTHER_BACKEND_SUPPORT)
+    transform, sparsity = config.attention_logit_transform, config.attention_sparsity
+    for field, value, allowed in (("attention_logit_transform", transform, transforms),
+                                  ("attention_sparsity", sparsity, sparsities)):
+        if value not in allowed:
+            raise ValueError(
+                f"{field}={value!r} cannot run on attn_implementation={implementation!r}; backends that compute "
+                f"attention_logit_transform={transform!r} with attention_sparsity={sparsity!r}: "
+                f"{attention_backends_supporting(transform, sparsity)} (set it with "
+                f"model.set_attn_implementation(...) or from_pretrained(..., attn_implementation=...))")
 POOLINGS = ("mean", "last")
 
 
@@ -42,9 +74,14 @@ class AnGPTConfig(PreTrainedConfig):
         gate_sqrt_d: where nGPT/anGPT put the √d factor of the MLP: `"gate"` (paper) or `"both"` (NVIDIA code) [flag].
         nu_att: constant factor on the attention output o (1 = none, SPEC §1.3) [flag].
         rope_parameters: transformers 5 RoPE dict: `rope_type`, `rope_theta`, `partial_rotary_factor` (default 0.5).
-        attention_logit_transform / scale_invariant_tau / logn_init: SPEC §3.2.
+            rope_type `none` is NoPE; `proportional` is Barbero et al.'s p-RoPE (keep the highest-frequency
+            fraction p of the pairs); `scale_invariant_p` is the scale-invariant paper's p-RoPE (p·d_h/2 rotating
+            pairs spaced 1 … 1/`effective_base`, default 1024); `dynamic` (NTK, `factor` 1), `yarn`, `linear`.
+        attention_logit_transform / scale_invariant_tau / logn_init: SPEC §3.2 (`logn_init` None means
+            1/log(max_position_embeddings): plain attention at the end of the training window).
         attention_sparsity / attention_topk / attention_window / attention_block_size /
-        attention_global_tokens: SPEC §3.3.
+        attention_global_tokens: SPEC §3.3. The first `attention_global_tokens` positions see and are seen by
+            every token (attention sinks); only with `window` or `block`.
         attention_chunk_size: queries per chunk of the chunked eager path (long context on CPU).
         is_causal: False for bidirectional (encoder-style) sequence classification.
         classifier_pooling: `"mean"` over non-padding tokens (semantic-focus tasks) or `"last"` token.
@@ -101,8 +138,17 @@ class AnGPTConfig(PreTrainedConfig):
             self.rope_parameters.setdefault("rope_type", "default")
             self.rope_parameters.setdefault("rope_theta", 10000.0)
             self.rope_parameters.setdefault("partial_rotary_factor", 0.5)
+        if self.rope_parameters["rope_type"] in ("dynamic", "linear"):
+            self.rope_parameters.setdefault("factor", 1.0)  # dynamic NTK with factor 1 is the paper's θ (L/L_train)^(d/(d-2))
+        if self.rope_parameters["rope_type"] == "scale_invariant_p":
+            self.rope_parameters.setdefault("effective_base", 1024.0)  # ω from 1 down to 1/1024 (SPEC §3.1)
         super().__post_init__(**kwargs)
         self._validate()
+        if self._attn_implementation is None and "sdpa" not in attention_backends_supporting(
+                self.attention_logit_transform, self.attention_sparsity):
+            # transformers would default to sdpa, which cannot compute this variant; the chunked eager path
+            # computes the same math as the eager reference (an explicit choice still raises, see above).
+            self._attn_implementation = "angpt_chunked"
 
     def _validate(self) -> None:
         _check_choice("architecture", self.architecture, ARCHITECTURES)
@@ -132,6 +178,9 @@ class AnGPTConfig(PreTrainedConfig):
         if not isinstance(self.attention_global_tokens, int) or self.attention_global_tokens < 0:
             raise ValueError(f"AnGPTConfig.attention_global_tokens={self.attention_global_tokens!r} is not valid; "
                              "expected an integer >= 0")
+        if self.attention_global_tokens and self.attention_sparsity not in ("window", "block"):
+            raise ValueError(f"AnGPTConfig.attention_global_tokens={self.attention_global_tokens} is not valid with "
+                             f"attention_sparsity={self.attention_sparsity!r}; global tokens extend 'window' or 'block'")
         if self.architecture != "gptplus" and self.hidden_size * 4 != self.intermediate_size:
             # ν_uz = √(d/4d) and ν_d = √(4d/d) (SPEC §1.3) assume the 4d width; nGPT shares the shapes.
             raise ValueError(f"AnGPTConfig.intermediate_size={self.intermediate_size} is not valid for "
@@ -147,6 +196,10 @@ class AnGPTConfig(PreTrainedConfig):
             raise ValueError(f"AnGPTConfig.rope_parameters['partial_rotary_factor']={factor!r} is not valid; "
                              "expected a number in [0, 1]")
         _check_positive("rope_parameters['rope_theta']", rope.get("rope_theta"))
+        if rope["rope_type"] in ("dynamic", "yarn", "linear"):
+            _check_positive("rope_parameters['factor']", rope.get("factor"))
+        if rope["rope_type"] == "scale_invariant_p":
+            _check_positive("rope_parameters['effective_base']", rope.get("effective_base"))
 
     @property
     def num_key_value_heads(self) -> int:

@@ -20,11 +20,13 @@ from transformers.utils.generic import merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
-from .attention_angpt import eager_attention_forward
+from .attention_angpt import eager_attention_forward, get_attention_function, uses_layout
 from .card_angpt import write_model_card
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
 from .layers_angpt import RMSNorm, Scale, linear
+from .logit_transforms_angpt import logn_init_value, logn_query_scale
+from .masks_angpt import AttentionLayout, positions_from_padding
 from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
 
 
@@ -50,6 +52,10 @@ class AnGPTAttention(nn.Module):
         self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
         self.qk_scale = arch.qk_scale(config)
         self.query_gain = arch.query_gain(config)  # folded form only: c_q = √d_h·s_qk² (SPEC §2)
+        # LogN/SSMax (SPEC §3.2): one learnable s per head, q ← s_h·log(n)·q; filled in _init_weights
+        self.logn_scale = None
+        if config.attention_logit_transform == "logn":
+            self.logn_scale = nn.Parameter(torch.full((self.num_heads,), logn_init_value(config)))
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, past_key_values=None,
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -67,7 +73,13 @@ class AnGPTAttention(nn.Module):
             query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
-        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        if self.logn_scale is not None:  # LogN as a query scaling, so every kernel runs it (SPEC §3.2)
+            layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
+                                                                                   self.is_causal)
+            query = query * logn_query_scale(self.logn_scale, layout.key_counts()).to(query.dtype)
+        # ours for the variants (raises if the backend cannot compute this one), else transformers' by name
+        attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward)
         output, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling,
                                  dropout=self.config.attention_dropout if self.training else 0.0, **kwargs)
         output = output.reshape(batch, length, -1)
@@ -203,6 +215,8 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             init.constant_(module.weight, module.scale)
         elif isinstance(module, Gain):
             init.ones_(module.weight)
+        elif isinstance(module, AnGPTAttention) and module.logn_scale is not None:
+            init.constant_(module.logn_scale, logn_init_value(self.config))
         elif isinstance(module, AnGPTRotaryEmbedding):
             # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
             init.copy_(module.inv_freq, module.reset_parameters())
@@ -256,22 +270,31 @@ class AnGPTModel(AnGPTPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        if position_ids is None:
-            past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            # count real tokens, as generate does, so left padding changes no position (SPEC §3)
+            position_ids = positions_from_padding(attention_mask)[:, -inputs_embeds.shape[1]:]
+        elif position_ids is None:
             position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen
-        mask_args = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                         past_key_values=past_key_values)
-        if self.config.is_causal:
-            mask = create_causal_mask(position_ids=position_ids, **mask_args)
-        else:
-            mask = create_bidirectional_mask(**mask_args)
+        # Our backends read positions (O(T)) instead of a T×T mask; transformers' own ones get their usual mask.
+        layout = AttentionLayout.build(self.config, attention_mask, position_ids, past_seen)
+        mask = None
+        if not uses_layout(self.config):
+            mask_args = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                             past_key_values=past_key_values)
+            if self.config.is_causal:
+                mask = create_causal_mask(position_ids=position_ids, **mask_args)
+            else:
+                mask = create_bidirectional_mask(**mask_args)
         hidden_states = inputs_embeds
         position_embeddings = None
         if self.rotary_emb.inv_freq.numel():
-            position_embeddings = self.rotary_emb(hidden_states, position_ids)
+            rope_len = self.rotary_emb.sequence_length(position_ids, past_key_values, kwargs.pop("rope_seq_len", None))
+            position_embeddings = self.rotary_emb(hidden_states, position_ids, rope_len)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
-                                  past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+                                  past_key_values=past_key_values, position_ids=position_ids,
+                                  attention_layout=layout, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
 
 
