@@ -95,7 +95,8 @@ class NormalizedLerp(nn.Module):
         alpha = self.alpha()
         if self.alpha_abs:
             alpha = alpha.abs()
-        return l2_normalize(torch.lerp(h, l2_normalize(x), alpha.to(h.dtype)))
+        # Under autocast the branch output is bf16 while the stream stays in the parameters' dtype.
+        return l2_normalize(torch.lerp(h, l2_normalize(x).to(h.dtype), alpha.to(h.dtype)))
 
 
 def lerp_nu(alpha: torch.Tensor) -> torch.Tensor:
@@ -132,4 +133,4 @@ class ApproxLerp(nn.Module):
 
     def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         gamma = self.coefficients()[0]
-        return torch.addcmul(x, h, gamma.to(h.dtype))
+        return torch.addcmul(x.to(h.dtype), h, gamma.to(h.dtype))
