@@ -33,7 +33,7 @@ def _usage(model_id: str, causal: bool, has_tokenizer: bool) -> str:
                 "print(model(torch.tensor([[1, 2, 3, 4]])).logits)\n")
     if has_tokenizer:
         return (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                f"tokenizer = AutoTokenizer.from_pretrained({model_id!r})\n"
+                f"tokenizer = AutoTokenizer.from_pretrained({model_id!r}, trust_remote_code=True)\n"
                 f"model = AutoModelForCausalLM.from_pretrained({model_id!r}, trust_remote_code=True)\n"
                 "inputs = tokenizer(\"To be, or not to be\", return_tensors=\"pt\")\n"
                 "output = model.generate(**inputs, max_new_tokens=20, do_sample=False)\n"
