@@ -65,3 +65,16 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(write
     last = tmp_path / "run" / "checkpoints" / f"step_{step - 1:07d}"
     assert str(last) in str(info.value) and (last / "model.safetensors").is_file()
     assert not (tmp_path / "run" / "final").exists()
+
+
+def test_accumulation_and_checkpointing_reproduce_the_plain_step(write_recipe, tmp_path):
+    # Batch 8 in one go vs 2 micro-batches of 4 with gradient checkpointing: the seeded sampler draws
+    # the same samples in the same order, so each optimiser step sees the same 8 blocks.
+    common = ["max_steps=5", "eval_steps=0", "save_steps=0", "report_to=none"]
+    plain = train(load_recipe(write_recipe(), common + [f"output_dir={tmp_path / 'plain'}"]))
+    accumulated = train(load_recipe(write_recipe(), common + [
+        f"output_dir={tmp_path / 'acc'}", "per_device_train_batch_size=4", "gradient_accumulation_steps=2",
+        "gradient_checkpointing=true"]))
+    np.testing.assert_allclose(accumulated.losses, plain.losses, rtol=0, atol=2e-5)
+    assert accumulated.tokens_seen == plain.tokens_seen == 5 * 8 * 64
+    assert accumulated.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing

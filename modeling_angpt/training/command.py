@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         recipe = load_recipe(args.recipe, args.override)
         result = train(recipe, resume=args.resume)
-    except (FileNotFoundError, ValueError, NonFiniteLossError) as error:
+    except (OSError, ValueError, NonFiniteLossError) as error:  # OSError: missing files, Hub unreachable
         print(f"angpt train: error: {error}", file=sys.stderr)
         return 2
     if result.accelerator.is_main_process:

