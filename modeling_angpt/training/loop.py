@@ -104,11 +104,11 @@ def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
     return float(total / max(count, 1))
 
 
-def _check_finite(loss: float, step: int, output_dir: Path) -> None:
-    if not math.isfinite(loss):
+def _check_finite(what: str, value: float, step: int, output_dir: Path) -> None:
+    if not math.isfinite(value):
         last = ckpt.latest_checkpoint(output_dir)
         raise NonFiniteLossError(
-            f"non-finite training loss ({loss}) at step {step}; stopped without saving. Last good checkpoint: "
+            f"non-finite {what} ({value}) at step {step}; stopped without saving. Last good checkpoint: "
             f"{last if last else 'none (no checkpoint was saved yet)'}")
 
 
@@ -128,23 +128,37 @@ def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.T
     return mean_loss
 
 
-def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = None) -> TrainResult:
-    """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir;
-    `stop_after_steps` ends the run after that step's checkpoint logic without the final save, exactly as
-    a job killed there would (preemption drills and the resume test)."""
-    from accelerate.utils import set_seed
-    from tqdm.auto import tqdm
+@dataclass
+class _Run:
+    """Everything a run holds once built (prepared by accelerate)."""
+    recipe: Recipe
+    accelerator: object
+    tokenizer: object
+    model: object
+    raw_model: object
+    optimizer: object
+    scheduler: object
+    train_dl: object
+    val_dl: object
+    data_info: dict
+    stream: object = None  # the batch iterator (batch_stream), set when the loop starts
 
-    # 1. Everything that can be checked cheaply, before any data or model work.
+
+def _preflight(recipe: Recipe, resume: bool):
+    """Everything that can be checked cheaply, before any data or model work (so bad inputs fail fast)."""
     source = resolve_source(recipe.dataset)
     config = build_config(recipe)
-    output_dir = Path(recipe.output_dir)
-    resume_from = ckpt.latest_checkpoint(output_dir) if resume else None
+    resume_from = ckpt.latest_checkpoint(Path(recipe.output_dir)) if resume else None
     if resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoints_root(output_dir)}")
+        raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoints_root(Path(recipe.output_dir))}")
+    return source, config, resume_from
+
+
+def _build(recipe: Recipe, source, config) -> _Run:
+    from accelerate.utils import set_seed
 
     accelerator = make_accelerator(recipe)
-    set_seed(recipe.seed)
+    set_seed(recipe.seed)  # before the model: the initial weights are a function of the seed
     tokenizer, train_ds, val_ds, data_info = build_datasets(recipe, source, accelerator.main_process_first)
     model = build_model(recipe, config, tokenizer)
     recipe = recipe.with_architecture_defaults(architecture_defaults(model))
@@ -160,83 +174,107 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
     val_dl = torch.utils.data.DataLoader(val_ds, batch_size=recipe.per_device_eval_batch_size)
     model, optimizer, train_dl, val_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, val_dl,
                                                                         scheduler)
-    raw_model = accelerator.unwrap_model(model)
+    return _Run(recipe, accelerator, tokenizer, model, accelerator.unwrap_model(model), optimizer, scheduler,
+                train_dl, val_dl, data_info)
 
+
+def _optimizer_step(run: _Run, step: int) -> tuple[float, float, float]:
+    """One optimiser step: gradients, finiteness check, clip, step, constraint, schedule.
+    Returns (loss, grad norm, learning rate used)."""
+    recipe, acc = run.recipe, run.accelerator
+    micro = [next(run.stream) for _ in range(recipe.gradient_accumulation_steps)]
+    loss = float(accumulate_gradients(acc, run.model, micro, recipe))
+    _check_finite("training loss", loss, step, Path(recipe.output_dir))  # before the step: no bad update
+    grad_norm = float(acc.clip_grad_norm_(run.model.parameters(), recipe.max_grad_norm))
+    _check_finite("gradient norm", grad_norm, step, Path(recipe.output_dir))
+    lr = run.scheduler.get_last_lr()[0]
+    run.optimizer.step()
+    apply_constraints(run.raw_model)  # after the accelerate-wrapped step, on every rank
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss, grad_norm, lr
+
+
+def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = None) -> TrainResult:
+    """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir;
+    `stop_after_steps` ends the run after that step's checkpoint logic without the final save, exactly as
+    a job killed there would (preemption drills and the resume test)."""
+    source, config, resume_from = _preflight(recipe, resume)
+    run = _build(recipe, source, config)
+    recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": []}
     if resume_from is not None:
-        state = ckpt.load_checkpoint(accelerator, resume_from)
-        accelerator.print(f"resumed from {resume_from} at step {state['step']}")
+        state = ckpt.load_checkpoint(acc, resume_from)
+        acc.print(f"resumed from {resume_from} at step {state['step']}")
     start_step = state["step"]
-    if accelerator.is_main_process:
+    if acc.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
-    logger = MetricsLogger(output_dir, recipe.report_to, accelerator.is_main_process,
+    logger = MetricsLogger(output_dir, recipe.report_to, acc.is_main_process,
                            resume_step=start_step if resume_from is not None else None)
+    try:
+        _loop(run, state, logger, fresh=resume_from is None, stop_after_steps=stop_after_steps)
+    finally:
+        logger.close()
+    result = TrainResult(output_dir, None, start_step, state["step"], state["losses"], state["val_losses"],
+                         state["tokens"], run.raw_model, acc)
+    if state["step"] < recipe.max_steps:  # stopped early on purpose
+        return result
+    result.final_dir = save_final(acc, run.model, run.tokenizer, recipe, state, run.data_info)
+    if acc.is_main_process:
+        config = run.raw_model.config
+        plot_loss_curve(output_dir / "metrics.jsonl", output_dir / "loss_curve.png",
+                        title=f"{getattr(config, 'architecture', config.model_type)} on {run.data_info['dataset']}")
+    return result
 
+
+def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_steps: int | None) -> None:
+    from tqdm.auto import tqdm
+
+    recipe, acc, output_dir = run.recipe, run.accelerator, Path(run.recipe.output_dir)
+    is_stream = isinstance(run.train_dl.dataset, torch.utils.data.IterableDataset)
     tokens_per_step = (recipe.per_device_train_batch_size * recipe.block_size
-                       * recipe.gradient_accumulation_steps * accelerator.num_processes)
-    flops_per_token = training_flops_per_token(raw_model, recipe.block_size)
-    peak = device_peak_flops(accelerator.device, recipe.peak_flops) * accelerator.num_processes
+                       * recipe.gradient_accumulation_steps * acc.num_processes)
+    flops_per_token = training_flops_per_token(run.raw_model, recipe.block_size)
+    peak = device_peak_flops(acc.device, recipe.peak_flops) * acc.num_processes
 
     def run_eval(step: int) -> None:
-        val = evaluate(accelerator, model, val_dl, recipe.eval_max_batches)
+        val = evaluate(acc, run.model, run.val_dl, recipe.eval_max_batches)
         state["val_losses"].append([step, val])
         logger.log(step, val_loss=val)
 
-    if resume_from is None and recipe.eval_steps > 0:
+    if fresh and recipe.eval_steps > 0:
         run_eval(0)  # the untrained baseline, so every curve starts at the same point
-    stream = batch_stream(accelerator, train_dl, state["batches"])
-    bar = tqdm(total=recipe.max_steps, initial=start_step, disable=recipe.disable_tqdm or
-               not accelerator.is_local_main_process, desc="train", unit="step", dynamic_ncols=True)
+    run.stream = batch_stream(acc, run.train_dl, state["batches"])
+    bar = tqdm(total=recipe.max_steps, initial=state["step"], desc="train", unit="step", dynamic_ncols=True,
+               disable=recipe.disable_tqdm or not acc.is_local_main_process)
     window_start, window_steps = time.perf_counter(), 0
-    model.train()
-    try:
+    run.model.train()
+    with bar:
         while state["step"] < recipe.max_steps:
             step = state["step"] + 1
-            micro = [next(stream) for _ in range(recipe.gradient_accumulation_steps)]
-            loss = accumulate_gradients(accelerator, model, micro, recipe)
-            loss_value = float(loss)
-            _check_finite(loss_value, step, output_dir)  # before the step: weights stay the last good ones
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-            lr = scheduler.get_last_lr()[0]
-            optimizer.step()
-            apply_constraints(raw_model)  # after the accelerate-wrapped step, on every rank
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state.update(step=step, batches=state["batches"] + len(micro), tokens=state["tokens"] + tokens_per_step)
-            state["losses"].append(loss_value)
+            loss, grad_norm, lr = _optimizer_step(run, step)
+            state.update(step=step, batches=state["batches"] + recipe.gradient_accumulation_steps,
+                         tokens=state["tokens"] + tokens_per_step)
+            state["losses"].append(loss)
             window_steps += 1
             bar.update(1)
             if step % recipe.logging_steps == 0 or step == recipe.max_steps:
-                elapsed = time.perf_counter() - window_start
-                tps = window_steps * tokens_per_step / max(elapsed, 1e-9)
-                logger.log(step, loss=loss_value, lr=lr, grad_norm=float(grad_norm), tokens=state["tokens"],
-                           tokens_per_s=tps, mfu=tps * flops_per_token / peak)
+                tps = window_steps * tokens_per_step / max(time.perf_counter() - window_start, 1e-9)
+                mfu = tps * flops_per_token / peak
+                logger.log(step, loss=loss, lr=lr, grad_norm=grad_norm, tokens=state["tokens"],
+                           tokens_per_s=tps, mfu=mfu)
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tps:.0f}", mfu=f"{mfu:.1%}")
                 window_start, window_steps = time.perf_counter(), 0
-                bar.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{tps:.0f}", mfu=f"{tps * flops_per_token / peak:.1%}")
             if recipe.eval_steps > 0 and (step % recipe.eval_steps == 0 or step == recipe.max_steps):
                 run_eval(step)
             if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps:
                 # The RNG states themselves are in save_state's random_states_<rank>.pkl.
                 state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
-                                "sampler_epoch": 0 if is_stream else state["batches"] // len(train_dl)}
-                ckpt.save_checkpoint(accelerator, output_dir, state, recipe.save_total_limit)
-            if stop_after_steps is not None and step >= stop_after_steps and step < recipe.max_steps:
-                bar.close()
-                logger.close()
-                return TrainResult(output_dir, None, start_step, step, state["losses"], state["val_losses"],
-                                   state["tokens"], raw_model, accelerator)
-    finally:
-        bar.close()
-        logger.close()
-
-    final_dir = save_final(accelerator, model, tokenizer, recipe, state, data_info)
-    if accelerator.is_main_process:
-        plot_loss_curve(output_dir / "metrics.jsonl", output_dir / "loss_curve.png",
-                        title=f"{getattr(raw_model.config, 'architecture', raw_model.config.model_type)} "
-                              f"on {data_info['dataset']}")
-    return TrainResult(output_dir, final_dir, start_step, state["step"], state["losses"], state["val_losses"],
-                       state["tokens"], raw_model, accelerator)
+                                "sampler_epoch": 0 if is_stream else state["batches"] // len(run.train_dl)}
+                ckpt.save_checkpoint(acc, output_dir, state, recipe.save_total_limit)
+            if stop_after_steps is not None and step >= stop_after_steps:
+                return
 
 
 def save_final(accelerator, model, tokenizer, recipe: Recipe, state: dict, data_info: dict) -> Path:
