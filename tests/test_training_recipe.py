@@ -98,3 +98,15 @@ def test_accelerate_configs_load():
     assert fsdp.fsdp_config["fsdp_version"] == 2
     assert fsdp.fsdp_config["fsdp_transformer_layer_cls_to_wrap"] == "AnGPTDecoderLayer"
     assert configs["cpu_2proc"].num_processes == 2
+
+
+def test_split_is_deterministic_disjoint_and_independent_of_the_training_seed():
+    import numpy as np
+    from modeling_angpt.training.data import split_blocks
+    blocks = np.arange(200 * 4).reshape(200, 4)
+    train_a, val_a = split_blocks(blocks, 0.1, seed=7)
+    train_b, val_b = split_blocks(blocks, 0.1, seed=7)
+    assert len(val_a) == 20 and len(train_a) == 180
+    np.testing.assert_array_equal(val_a, val_b)
+    assert not set(train_a[:, 0]) & set(val_a[:, 0])                  # no block in both
+    assert set(train_a[:, 0]) | set(val_a[:, 0]) == set(blocks[:, 0])  # none lost

@@ -197,12 +197,14 @@ def tokenize_and_pack(ds, tokenizer, column: str, builder: str, block_size: int)
 
 def split_blocks(blocks: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """A fixed random subset of blocks is validation (seeded by data_seed, not the training seed, so every
-    run and every architecture is scored on the same blocks); both parts keep corpus order."""
+    run and every architecture is scored on the same blocks). Validation stays in that random order, so
+    the first `eval_max_batches` batches are a uniform sample of the corpus, not its first pages; the
+    training part keeps corpus order (the sampler shuffles it)."""
     n_val = max(1, int(round(fraction * len(blocks))))
     if len(blocks) < n_val + 1:
         raise ValueError(f"corpus too small: {len(blocks)} blocks cannot give a validation split")
     perm = np.random.default_rng(seed).permutation(len(blocks))
-    return blocks[np.sort(perm[n_val:])], blocks[np.sort(perm[:n_val])]
+    return blocks[np.sort(perm[n_val:])], blocks[perm[:n_val]]
 
 
 class BlockDataset(torch.utils.data.Dataset):
