@@ -151,7 +151,14 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         if kwargs.get("ignore_mismatched_sizes"):
             return super().from_pretrained(*args, **kwargs)
         wants_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+        try:
+            model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True,
+                                                  **kwargs)
+        except Exception as error:  # safetensors' own error names neither the checkpoint nor the problem kind
+            if type(error).__name__ != "SafetensorError":
+                raise
+            source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+            raise OSError(f"checkpoint {source}: a safetensors file is corrupted or truncated ({error})") from error
         problems = [f"{name}: checkpoint {tuple(saved)} vs config {tuple(expected)}"
                     for name, saved, expected in sorted(info["mismatched_keys"])]
         problems += [f"{name}: missing from the checkpoint" for name in sorted(info["missing_keys"])]
