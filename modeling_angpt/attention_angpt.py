@@ -77,11 +77,11 @@ def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
 
 def chunked_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                               attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
-    """The eager math over chunks of `config.attention_chunk_size` queries: at most [b, h, C, T] scores at a time.
+    """The eager math over chunks of `config.attention_query_chunk_size` queries: at most [b, h, C, T] scores at a time.
     With gradients each chunk is recomputed in backward (activation checkpointing), so training memory stays
     O(C·T) per head too. Exact: softmax and top-k are per query row."""
     layout = _layout(module, query, key, attention_mask, kwargs)
-    size, length = module.config.attention_chunk_size, query.shape[-2]
+    size, length = module.config.attention_query_chunk_size, query.shape[-2]
     recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
 
     def chunk(q, k, v, start):
@@ -167,7 +167,7 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
             t = distance(query_pos[b, q_idx], key_pos[b, kv_idx], causal)
             return function(score, t, None if slopes is None else slopes[h], tau)
 
-    block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=query.device, _compile=FLEX_COMPILE)
+    block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=query.device)
     output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     return output.transpose(1, 2).contiguous(), None
 

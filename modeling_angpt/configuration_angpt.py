@@ -82,7 +82,9 @@ class AnGPTConfig(PreTrainedConfig):
         attention_sparsity / attention_topk / attention_window / attention_block_size /
         attention_global_tokens: SPEC §3.3. The first `attention_global_tokens` positions see and are seen by
             every token (attention sinks); only with `window` or `block`.
-        attention_chunk_size: queries per chunk of the chunked eager path (long context on CPU).
+        attention_query_chunk_size: queries per chunk of the chunked eager path (long context on CPU). Not
+            `attention_chunk_size`: transformers reads that name as Llama-4 chunked attention (its caches and masks
+            would silently drop keys).
         is_causal: False for bidirectional (encoder-style) sequence classification.
         classifier_pooling: `"mean"` over non-padding tokens (semantic-focus tasks) or `"last"` token.
         folded: True for an exported inference checkpoint (SPEC §2); such a model refuses training.
@@ -116,7 +118,7 @@ class AnGPTConfig(PreTrainedConfig):
     attention_window: int = 256
     attention_block_size: int = 64
     attention_global_tokens: int = 0
-    attention_chunk_size: int = 1024
+    attention_query_chunk_size: int = 1024
     attention_dropout: float = 0.0
     is_causal: bool = True
     classifier_pooling: str = "mean"
@@ -153,7 +155,7 @@ class AnGPTConfig(PreTrainedConfig):
     def _validate(self) -> None:
         _check_choice("architecture", self.architecture, ARCHITECTURES)
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                      "intermediate_size", "max_position_embeddings", "attention_chunk_size"):
+                      "intermediate_size", "max_position_embeddings", "attention_query_chunk_size"):
             _check_positive(field, getattr(self, field))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:

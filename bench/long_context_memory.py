@@ -1,0 +1,109 @@
+"""Peak memory of a 16k-token forward on CPU through the chunked eager path (SPEC §3: long context on CPU must
+not materialise a T×T tensor per head).
+
+Each measurement runs in a fresh interpreter (so peak RSS belongs to that forward alone) and reports the peak
+resident set size (ru_maxrss), the wall time and what a full [b, h, T, T] float32 score tensor would take.
+Results go to bench/RESULTS.md between this script's markers (other sections are left alone).
+
+    .venv/bin/python bench/long_context_memory.py                 # 16k, scale_invariant, chunks of 512
+    .venv/bin/python bench/long_context_memory.py --length 4096 --transforms none scale_invariant
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+
+RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+START, END = "<!-- long_context_memory:start -->", "<!-- long_context_memory:end -->"
+
+CHILD = r"""
+import json, resource, sys, time
+import torch
+from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+args = json.loads(sys.argv[1])
+torch.manual_seed(0)
+torch.set_num_threads(args["threads"])
+config = AnGPTConfig(vocab_size=args["vocab"], hidden_size=args["hidden"], num_hidden_layers=args["layers"],
+                     num_attention_heads=args["heads"], max_position_embeddings=4096, architecture="angpt",
+                     rope_parameters={"rope_type": "scale_invariant_p"},
+                     attention_logit_transform=args["transform"], attention_sparsity=args["sparsity"],
+                     attention_query_chunk_size=args["chunk"])
+model = AnGPTForCausalLM._from_config(config, attn_implementation="angpt_chunked").eval()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+ids = torch.randint(0, args["vocab"], (1, args["length"]))
+start = time.perf_counter()
+with torch.no_grad():
+    logits = model(ids, use_cache=False, logits_to_keep=1).logits
+elapsed = time.perf_counter() - start
+assert torch.isfinite(logits).all()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+print(json.dumps({"peak_rss_mib": peak / 1024, "rss_before_forward_mib": before / 1024, "seconds": elapsed}))
+"""
+
+
+def measure(args, transform: str) -> dict:
+    settings = dict(vars(args), transform=transform)
+    settings.pop("transforms")
+    output = subprocess.run([sys.executable, "-c", CHILD, json.dumps(settings)], check=True, capture_output=True,
+                            text=True).stdout
+    result = json.loads(output.strip().splitlines()[-1])
+    result["full_scores_mib"] = 4 * args.heads * args.length**2 / 2**20  # one [1, h, T, T] float32 tensor
+    return result
+
+
+def write_section(args, rows: list[tuple[str, dict]]) -> str:
+    lines = [START, "## Long context on CPU: peak memory of one forward (chunked eager path)", "",
+             f"`bench/long_context_memory.py`: anGPT d={args.hidden}, {args.layers} layers, {args.heads} heads "
+             f"(d_h={args.hidden // args.heads}), vocab {args.vocab}, scale-invariant p-RoPE positions, "
+             f"sparsity `{args.sparsity}`, batch 1, T={args.length}, float32, no grad, "
+             f"`attn_implementation=\"angpt_chunked\"` with {args.chunk} queries per chunk, {args.threads} threads. "
+             "Peak RSS of a fresh process (model, input, activations and attention together); the last column is "
+             "what one dense score tensor alone would take. Wall times depend on the machine's load.", "",
+             "| logit transform | T | peak RSS (MiB) | RSS before forward (MiB) | forward (s) | one full T×T score tensor (MiB) |",
+             "|---|---|---|---|---|---|"]
+    for transform, r in rows:
+        lines.append(f"| {transform} | {args.length} | {r['peak_rss_mib']:.0f} | {r['rss_before_forward_mib']:.0f} | "
+                     f"{r['seconds']:.1f} | {r['full_scores_mib']:.0f} |")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def update_results(section: str) -> None:
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if START in text and END in text:
+        text = text[: text.index(START)] + section + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    RESULTS.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=16384)
+    parser.add_argument("--chunk", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=1024)
+    parser.add_argument("--sparsity", default="none")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--transforms", nargs="+", default=["scale_invariant"])
+    parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
+    args = parser.parse_args()
+    no_write = args.no_write
+    del args.no_write
+    rows = []
+    for transform in args.transforms:
+        rows.append((transform, measure(args, transform)))
+        print(transform, json.dumps(rows[-1][1]), flush=True)
+    section = write_section(args, rows)
+    print(section)
+    if not no_write:
+        update_results(section)
+
+
+if __name__ == "__main__":
+    main()
