@@ -1,6 +1,6 @@
 """transformers.Trainer + WeightConstraintCallback keeps anGPT's rows in the unit ball (SPEC §1.3)."""
 import torch
-from training_fixtures import max_row_norm
+from training_fixtures import max_row_norm, single_thread  # noqa: F401 (fixture)
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training_fixtures import REPO, data_cache, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 
 def test_two_cpu_processes_train_one_identical_model(write_recipe, tmp_path):

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import pytest
-from training_fixtures import REPO, data_cache, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt import AnGPTConfig
 from modeling_angpt.training import command

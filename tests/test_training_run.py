@@ -3,7 +3,7 @@ import json
 
 import numpy as np
 import pytest
-from training_fixtures import data_cache, max_row_norm, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import data_cache, max_row_norm, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt.training import NonFiniteLossError, load_recipe, train
 from modeling_angpt.training.checkpoint import list_checkpoints

@@ -56,3 +56,14 @@ def write_recipe(tmp_path, data_cache):
 def max_row_norm(model) -> float:
     """Largest L2 norm of any row (last axis) of any matrix of the model (SPEC §1.3 constraint)."""
     return max(float(p.detach().norm(dim=-1).max()) for p in model.parameters() if p.ndim == 2)
+
+
+@pytest.fixture(autouse=True)
+def single_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine spinning OpenMP
+    threads multiply the wall time; restore the setting so other test modules are unaffected."""
+    import torch
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
