@@ -4,6 +4,7 @@ config JSON path, with the recipe's architecture and model_kwargs applied; or a 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -29,7 +30,8 @@ def preset_path(name: str) -> Path:
         if not path.is_file():
             raise FileNotFoundError(f"model config file not found: {path}")
         return path
-    for root in (Path.cwd() / "configuration" / "presets", REPO_PRESETS):
+    installed = Path(sys.prefix) / "share" / "angpt" / "presets"  # setup.cfg data_files (wheel installs)
+    for root in (Path.cwd() / "configuration" / "presets", REPO_PRESETS, installed):
         if (root / f"{name}.json").is_file():
             return root / f"{name}.json"
     available = sorted(p.stem for p in REPO_PRESETS.glob("*.json"))
