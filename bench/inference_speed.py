@@ -1,0 +1,127 @@
+#!/usr/bin/env python
+"""Inference tokens/s: folded anGPT vs folded GPT+ vs transformers' LlamaForCausalLM of the same shape (SPEC §2).
+
+    python bench/inference_speed.py [--hidden 512 --layers 8 --heads 8 --vocab 16384 --repeats 7]
+
+All models run side by side in one process, interleaved repetition by repetition (so machine noise hits
+them alike), same dtype, same attention backend (sdpa), same threads; medians are reported. The unfolded
+(training-form) anGPT is included to show what the fold removes.
+  prefill: one forward over B × T prompt tokens (use_cache=False), tokens/s = B·T / time
+  decode:  after a prefill of P tokens, N single-token steps through the KV cache, tokens/s = B·N / time
+Two clocks: wall time, and process CPU time / threads (less sensitive to other processes on a shared machine).
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.cache_utils import DynamicCache
+
+import modeling_angpt  # noqa: F401
+from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+
+
+def build_models(args, dtype):
+    shape = dict(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                 num_attention_heads=args.heads, max_position_embeddings=4096)
+    models = {}
+    angpt = AnGPTForCausalLM._from_config(AnGPTConfig(architecture="angpt", **shape), attn_implementation="sdpa")
+    with torch.no_grad():  # trained-looking scales, so nothing folds to a trivial 1
+        for p in angpt.parameters():
+            if p.ndim == 1:
+                p.mul_(1 + 0.1 * torch.randn_like(p))
+    models["anGPT (folded)"] = angpt.fold(dtype)
+    models["anGPT (training form)"] = angpt.to(dtype)
+    gptplus = AnGPTForCausalLM._from_config(AnGPTConfig(architecture="gptplus", **shape), attn_implementation="sdpa")
+    models["GPT+ (folded norms)"] = gptplus.fold(dtype)
+    llama = LlamaForCausalLM._from_config(LlamaConfig(intermediate_size=4 * args.hidden, tie_word_embeddings=False,
+                                                      **shape), attn_implementation="sdpa")
+    models["Llama (transformers)"] = llama.to(dtype)
+    return {name: m.eval() for name, m in models.items()}
+
+
+def clocks():
+    return time.perf_counter(), time.process_time()
+
+
+def elapsed(start):
+    """(wall seconds, process CPU seconds / threads): the second is robust to other processes on a shared machine."""
+    wall, cpu = clocks()
+    return wall - start[0], (cpu - start[1]) / torch.get_num_threads()
+
+
+@torch.no_grad()
+def prefill_time(model, ids):
+    start = clocks()
+    model(ids, use_cache=False, logits_to_keep=1)
+    return elapsed(start)
+
+
+@torch.no_grad()
+def decode_time(model, ids, steps):
+    cache = DynamicCache(config=model.config)
+    out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    token = out.logits[:, -1:].argmax(-1)
+    start = clocks()
+    for _ in range(steps):
+        out = model(token, past_key_values=cache, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+    return elapsed(start)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=16384)
+    parser.add_argument("--prefill-len", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=128, help="prefill before the decode steps")
+    parser.add_argument("--decode-steps", type=int, default=32)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    models = build_models(args, dtype)
+    results = {}  # (phase, batch, model) -> [tokens/s]
+    for batch in args.batches:
+        prefill_ids = torch.randint(0, args.vocab, (batch, args.prefill_len))
+        prompt_ids = torch.randint(0, args.vocab, (batch, args.prompt_len))
+        for model in models.values():  # warm-up
+            prefill_time(model, prefill_ids[:, :32])
+            decode_time(model, prompt_ids[:, :16], 2)
+        for _ in range(args.repeats):
+            for name, model in models.items():
+                for clock, t in zip(("wall", "cpu"), prefill_time(model, prefill_ids)):
+                    results.setdefault((clock, "prefill", batch, name), []).append(batch * args.prefill_len / t)
+                for clock, t in zip(("wall", "cpu"), decode_time(model, prompt_ids, args.decode_steps)):
+                    results.setdefault((clock, "decode", batch, name), []).append(batch * args.decode_steps / t)
+    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}, {args.dtype}, sdpa")
+    print(f"shape: d={args.hidden}, L={args.layers}, H={args.heads}, MLP 4d, vocab {args.vocab}; "
+          f"prefill {args.prefill_len} tokens; decode {args.decode_steps} steps after {args.prompt_len}; "
+          f"median of {args.repeats}")
+    names = list(models)
+    print("\n| clock | phase | batch | " + " | ".join(f"{n} tok/s" for n in names) + " | folded anGPT / GPT+ |")
+    print("|---|---|---|" + "---|" * len(names) + "---|")
+    for clock in ("wall", "cpu"):
+        for phase in ("prefill", "decode"):
+            for batch in args.batches:
+                medians = {n: statistics.median(results[(clock, phase, batch, n)]) for n in names}
+                ratio = medians["anGPT (folded)"] / medians["GPT+ (folded norms)"]
+                print(f"| {clock} | {phase} | {batch} | " + " | ".join(f"{medians[n]:.0f}" for n in names)
+                      + f" | {ratio:.3f}× |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
