@@ -18,8 +18,10 @@ from .layers_angpt import AddResidual, ApproxLerp, L2Norm, NormalizedLerp, RMSNo
 
 @lru_cache(maxsize=None)
 def silu_second_moment(std: float) -> float:
-    """E[SiLU(z)²] for z ~ N(0, std²), by the trapezoid rule over ±12 std in float64 (error < 1e-12)."""
-    z = torch.linspace(-12 * std, 12 * std, 200_001, dtype=torch.float64)
+    """E[SiLU(z)²] for z ~ N(0, std²), by the trapezoid rule over ±12 std in float64 (error < 1e-12).
+
+    On the CPU explicitly: models are also built under `torch.device("meta")` (loading, shape checks)."""
+    z = torch.linspace(-12 * std, 12 * std, 200_001, dtype=torch.float64, device="cpu")
     density = torch.exp(-0.5 * (z / std) ** 2) / (std * math.sqrt(2 * math.pi))
     return float(torch.trapezoid(torch.nn.functional.silu(z) ** 2 * density, z))
 

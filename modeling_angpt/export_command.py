@@ -78,7 +78,7 @@ def export_checkpoint(src, dst, dtype: torch.dtype | None = None, tolerance: flo
     try:
         card_info = read_card_info(src)
         folded.save_pretrained(partial, card_info=card_info)
-        for name in TOKENIZER_FILES:
+        for name in TOKENIZER_FILES + ("training_metadata.json",):  # `angpt eval` finds the held-out split
             if os.path.isfile(os.path.join(src, name)):
                 shutil.copy2(os.path.join(src, name), os.path.join(partial, name))
         # again, now that it sees the tokenizer; the usage snippet names DST, where the checkpoint will be

@@ -287,9 +287,10 @@ def save_final(accelerator, model, tokenizer, recipe: Recipe, state: dict, data_
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         raw.config.use_cache = True
-        raw.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
         val = state["val_losses"][-1][1] if state["val_losses"] else None
+        card_info = {"datasets": [data_info["dataset"]], "train_tokens": state["tokens"], "val_loss": val}
+        raw.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, card_info=card_info)
+        tokenizer.save_pretrained(tmp)
         metadata = {"dataset": data_info["dataset"], "tokens_seen": state["tokens"], "steps": state["step"],
                     "final_val_loss": val, "final_train_loss": state["losses"][-1] if state["losses"] else None,
                     "architecture": getattr(raw.config, "architecture", raw.config.model_type),
