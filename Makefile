@@ -29,8 +29,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -x --durations=15
 
+# Speed and memory benchmarks (minutes each on 2 cores; run on a quiet machine). Figures go to bench/RESULTS.md.
 bench: $(STAMP)
-	$(VENV)/bin/python bench/run_all.py
+	$(VENV)/bin/python bench/train_step_time.py --bf16
+	$(VENV)/bin/python bench/inference_speed.py
+	$(VENV)/bin/python bench/long_context_memory.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs

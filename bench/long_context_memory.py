@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import pathlib
 import subprocess
 import sys
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
-START, END = "<!-- long_context_memory:start -->", "<!-- long_context_memory:end -->"
+from results_file import update_section
 
 CHILD = r"""
 import json, resource, sys, time
@@ -55,7 +53,7 @@ def measure(args, transform: str) -> dict:
 
 
 def write_section(args, rows: list[tuple[str, dict]]) -> str:
-    lines = [START, "## Long context on CPU: peak memory of one forward (chunked eager path)", "",
+    lines = ["## Long context on CPU: peak memory of one forward (chunked eager path)", "",
              f"`bench/long_context_memory.py`: anGPT d={args.hidden}, {args.layers} layers, {args.heads} heads "
              f"(d_h={args.hidden // args.heads}), vocab {args.vocab}, scale-invariant p-RoPE positions, "
              f"sparsity `{args.sparsity}`, batch 1, T={args.length}, float32, no grad, "
@@ -67,18 +65,7 @@ def write_section(args, rows: list[tuple[str, dict]]) -> str:
     for transform, r in rows:
         lines.append(f"| {transform} | {args.length} | {r['peak_rss_mib']:.0f} | {r['rss_before_forward_mib']:.0f} | "
                      f"{r['seconds']:.1f} | {r['full_scores_mib']:.0f} |")
-    lines.append(END)
     return "\n".join(lines)
-
-
-def update_results(section: str) -> None:
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if START in text and END in text:
-        text = text[: text.index(START)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -102,7 +89,7 @@ def main() -> None:
     section = write_section(args, rows)
     print(section)
     if not no_write:
-        update_results(section)
+        update_section("long_context_memory", section)
 
 
 if __name__ == "__main__":

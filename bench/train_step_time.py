@@ -18,6 +18,7 @@ import time
 import torch
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from results_file import update_section
 
 ARCHITECTURES = ("gptplus", "angpt", "ngpt")
 
@@ -56,6 +57,7 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
@@ -73,15 +75,20 @@ def main(argv=None):
     medians = {name: statistics.median(t) for name, t in times.items()}
     base = medians["gptplus"]
     tokens = args.batch * args.seq
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}; d={args.hidden}, L={args.layers}, V={args.vocab}, "
-          f"{args.batch}x{args.seq} tokens, {'bf16 autocast' if args.bf16 else 'float32'}"
-          f"{', torch.compile' if args.compile else ''}, {args.rounds} interleaved rounds")
-    print("| architecture | median step (s) | tokens/s | vs GPT+ |")
-    print("|---|---|---|---|")
+    lines = [
+        "## Training step time: GPT+ vs anGPT vs nGPT (SPEC §5: +2.75 % / +9.6 % on 4×A100)", "",
+        f"`bench/train_step_time.py{' --bf16' if args.bf16 else ''}{' --compile' if args.compile else ''}` on "
+        f"{platform.machine()} with {torch.get_num_threads()} threads, torch {torch.__version__}: d={args.hidden}, "
+        f"L={args.layers}, V={args.vocab}, {args.batch}×{args.seq} tokens, "
+        f"{'bf16 autocast' if args.bf16 else 'float32'}, sdpa; a step = forward, backward, Adam, weight constraint; "
+        f"architectures interleaved over {args.rounds} rounds, medians.", "",
+        "| architecture | median step (s) | tokens/s | vs GPT+ |", "|---|---|---|---|"]
     for name in ARCHITECTURES:
-        print(f"| {name} | {medians[name]:.4f} | {tokens / medians[name]:,.0f} | {medians[name] / base:.3f}x |")
-
+        lines.append(f"| {name} | {medians[name]:.4f} | {tokens / medians[name]:,.0f} | {medians[name] / base:.3f}× |")
+    section = "\n".join(lines)
+    print(section)
+    if not args.no_write:
+        update_section("train_step_time", section)
 
 if __name__ == "__main__":
     main()
