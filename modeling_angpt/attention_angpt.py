@@ -55,6 +55,7 @@ def _attend(module, query, key, value, layout: AttentionLayout, rows: slice, sca
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [b, h, c, kv]
     transform = config.attention_logit_transform
     if transform in ("alibi", "scale_invariant"):
+        scores = scores.float()  # distances and log terms in float32 also under bf16 autocast (softmax is float32)
         slopes = slopes_for(config, scores.device)
         slopes = None if slopes is None else slopes.view(1, -1, 1, 1)
         scores = LOGIT_TRANSFORM_FUNCTIONS[transform](scores, layout.distance(rows), slopes, config.scale_invariant_tau)
@@ -167,7 +168,9 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
             t = distance(query_pos[b, q_idx], key_pos[b, kv_idx], causal)
             return function(score, t, None if slopes is None else slopes[h], tau)
 
-    block_mask = create_block_mask(mask_mod, batch, None, q_len, kv_len, device=query.device)
+    # One BlockMask per forward, shared by every layer (building it costs O(T²) work outside the kernel).
+    block_mask = layout.remember("flex_block_mask", slice(None), lambda: create_block_mask(
+        mask_mod, batch, None, q_len, kv_len, device=query.device, _compile=FLEX_COMPILE))
     output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     return output.transpose(1, 2).contiguous(), None
 

@@ -10,7 +10,7 @@ position P).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,6 +63,9 @@ class AttentionLayout:
     key_valid: torch.Tensor | None  # [b, kv] bool; None = every key is a real token
     causal: bool
     dense_mask: torch.Tensor | None = None  # [b, 1, q, kv] bool: a caller's own 4-D mask, intersected
+    # Per-forward results shared by every layer (the layout is built once per forward): whole-sequence masks and
+    # distances, FlexAttention's BlockMask. Chunks are not kept, so the chunked path stays O(chunk × T).
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, config, attention_mask, position_ids: torch.Tensor, past_seen: int) -> "AttentionLayout":
@@ -71,6 +74,10 @@ class AttentionLayout:
         if attention_mask is not None and attention_mask.dim() == 2:
             key_positions = positions_from_padding(attention_mask)
             key_valid = None if bool(attention_mask.all()) else attention_mask.bool()
+            # The new keys are the queries themselves: give them the query positions (a caller's own
+            # position_ids included), so t = i − j is measured in one frame; cached keys keep the mask's count.
+            new = position_ids.shape[-1]
+            key_positions = torch.cat([key_positions[:, :-new], position_ids.expand(key_positions.shape[0], new)], -1)
         else:
             if attention_mask is not None:
                 dense_mask = as_bool_mask(attention_mask)
@@ -107,13 +114,25 @@ class AttentionLayout:
         n = self.lengths()[:, None] if self.key_valid is not None else self.key_positions.shape[-1]
         return torch.zeros_like(self.query_positions) + n
 
+    def remember(self, key: str, rows: slice, build):
+        """`build()` once per forward for the whole sequence (every layer asks the same); chunks are recomputed."""
+        if rows != slice(None):
+            return build()
+        if key not in self.memo:
+            self.memo[key] = build()
+        return self.memo[key]
+
     def distance(self, rows: slice = slice(None)) -> torch.Tensor:
         """t for a chunk of queries: [b, 1, c, kv] long."""
-        return distance(self.query_positions[:, rows, None], self.key_positions[:, None, :], self.causal)[:, None]
+        return self.remember("distance", rows, lambda: distance(
+            self.query_positions[:, rows, None], self.key_positions[:, None, :], self.causal)[:, None])
 
     def visible(self, config, rows: slice = slice(None)) -> torch.Tensor:
         """Which keys each query of a chunk may see: [b, 1, c, kv] bool. A row that sees nothing (a padding query)
         sees everything instead, so every backend gives finite values there (they are ignored)."""
+        return self.remember("visible", rows, lambda: self._visible(config, rows))
+
+    def _visible(self, config, rows: slice) -> torch.Tensor:
         device = self.key_positions.device
         valid = None if self.key_valid is None else self.key_valid[:, None, :]
         lengths = self.lengths()[:, None, None] if config.attention_sparsity == "window" and not self.causal else None
