@@ -74,8 +74,9 @@ def run_lm_eval(model, tokenizer, tasks: list[str], batch_size: int, include_pat
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=batch_size, device="cpu",
-              max_length=model.config.max_position_embeddings)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lm = HFLM(pretrained=model.to(device), tokenizer=tokenizer, backend="causal", batch_size=batch_size,
+              device=device, max_length=model.config.max_position_embeddings)
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     results = simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit, bootstrap_iters=0)
     return results["results"]

@@ -88,6 +88,10 @@ class Recipe:
             raise ValueError(f"recipe key learning_rate={self.learning_rate!r} must be > 0")
         if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"recipe key warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
+        if self.streaming and self.dataloader_num_workers > 1:
+            # each DataLoader worker would iterate the whole stream: every block would be seen N times
+            raise ValueError(f"recipe key dataloader_num_workers={self.dataloader_num_workers} must be 0 or 1 "
+                             "with streaming: true")
         unknown = set(self.report_to) - {"tensorboard", "jsonl", "none"}
         if unknown:
             raise ValueError(f"recipe key report_to has unknown entries {sorted(unknown)}; "
