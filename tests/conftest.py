@@ -38,3 +38,17 @@ def tiny_config():
         return AnGPTConfig(**fields)
 
     return make
+
+
+def fit_classifier(model, ids, labels, steps: int, lr: float) -> list[float]:
+    """A few Adam steps with the architecture's weight constraint after each (as training does); the losses."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(steps):
+        loss = model(ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        model.apply_weight_constraints()
+        losses.append(loss.item())
+    return losses

@@ -6,6 +6,7 @@ import torch
 from modeling_angpt import AnGPTConfig, AnGPTForSequenceClassification, attention_angpt, modeling_angpt
 
 from attention_fixtures import assert_close_on, build, logits, make_config, padded_batch
+from conftest import fit_classifier
 
 
 def test_chunked_path_never_holds_a_full_score_matrix(monkeypatch):
@@ -59,15 +60,7 @@ def test_topk_bidirectional_classification_trains_and_predicts():
     labels = torch.arange(48) % 2
     ids[labels == 1, torch.randint(0, 12, (24,), generator=generator)] = 7
     train, test = slice(0, 32), slice(32, 48)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(25):
-        loss = model(ids[train], labels=labels[train]).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        model.apply_weight_constraints()
-        losses.append(loss.item())
+    losses = fit_classifier(model, ids[train], labels[train], steps=25, lr=1e-2)
     assert losses[-1] < 0.5 * losses[0]
     with torch.no_grad():
         predictions = model.eval()(ids).logits.argmax(-1)

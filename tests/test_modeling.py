@@ -8,7 +8,7 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSequenceCl
 
 from modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification, AnGPTModel
 
-from conftest import ARCHITECTURES
+from conftest import ARCHITECTURES, fit_classifier
 
 
 def build(config, implementation="eager"):
@@ -157,14 +157,6 @@ def test_sequence_classification_learns(tiny_config):
     ids = torch.randint(8, 101, (16, 10))
     labels = torch.arange(16) % 2
     ids[labels == 1, 3] = 7
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(40):
-        loss = model(ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        model.apply_weight_constraints()
-        losses.append(loss.item())
+    losses = fit_classifier(model, ids, labels, steps=40, lr=3e-3)
     assert losses[-1] < 0.5 * losses[0]
     assert (model.eval()(ids).logits.argmax(-1) == labels).float().mean() >= 0.9
