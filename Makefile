@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/train_step_time.py --bf16
 	$(VENV)/bin/python bench/inference_speed.py
 	$(VENV)/bin/python bench/long_context_memory.py
+	$(VENV)/bin/python bench/convergence.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs
