@@ -70,14 +70,15 @@ class Scale(nn.Module):
         return f"size={self.weight.shape[0]}, init={self.init_value:g}, scale={self.scale:g}"
 
 
+# A residual update takes the stream h, the branch as a callable `branch(output_scale) -> x` and the branch's
+# constant row scale on its output projection; it decides what that projection's rows are multiplied by.
+
+
 class AddResidual(nn.Module):
     """h ← h + x (GPT+, and every folded inference form, SPEC §2)."""
 
-    def output_scale(self, constant: float):
-        return constant
-
-    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return h + x
+    def forward(self, h: torch.Tensor, branch, constant: float) -> torch.Tensor:
+        return h + branch(constant)
 
 
 class NormalizedLerp(nn.Module):
@@ -88,10 +89,8 @@ class NormalizedLerp(nn.Module):
         self.alpha = Scale(size, alpha_init, alpha_scale)
         self.alpha_abs = alpha_abs
 
-    def output_scale(self, constant: float):
-        return constant  # any positive factor on x is removed by N(x)
-
-    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, branch, constant: float) -> torch.Tensor:
+        x = branch(constant)  # any positive factor on x is removed by N(x)
         alpha = self.alpha()
         if self.alpha_abs:
             alpha = alpha.abs()
@@ -110,8 +109,8 @@ def lerp_nu(alpha: torch.Tensor) -> torch.Tensor:
 class ApproxLerp(nn.Module):
     """anGPT: h ← ν(α) · ((1 − α) ⊙ h + α ⊙ x) (SPEC §1.3), computed as γ ⊙ h + x̃ in one fused op.
 
-    β = ν(α)·α is folded into the branch's output projection through `output_scale` (the branch
-    returns x̃ = β ⊙ x), so the residual itself is a single `addcmul` with γ = ν(α)(1 − α): this is the
+    β = ν(α)·α is folded into the branch's output projection (the branch is called with the row scale
+    β·constant and returns x̃ = β ⊙ x), so the residual itself is a single `addcmul` with γ = ν(α)(1 − α): this is the
     training-time half of the fold of SPEC §2. Gradients flow through ν(α) into α.
     """
 
@@ -128,9 +127,6 @@ class ApproxLerp(nn.Module):
         nu = lerp_nu(alpha)
         return nu * (1.0 - alpha), nu * alpha
 
-    def output_scale(self, constant: float) -> torch.Tensor:
-        return self.coefficients()[1] * constant
-
-    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        gamma = self.coefficients()[0]
-        return torch.addcmul(x.to(h.dtype), h, gamma.to(h.dtype))
+    def forward(self, h: torch.Tensor, branch, constant: float) -> torch.Tensor:
+        gamma, beta = self.coefficients()  # once per sublayer
+        return torch.addcmul(branch(beta * constant).to(h.dtype), h, gamma.to(h.dtype))

@@ -124,11 +124,13 @@ class AnGPTDecoderLayer(GradientCheckpointingLayer):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None,
                 past_key_values: Cache | None = None, **kwargs) -> torch.Tensor:
-        attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask,
-                                     past_key_values, self.attn_residual.output_scale(self.self_attn.nu_o), **kwargs)
-        hidden_states = self.attn_residual(hidden_states, attn_out)
-        mlp_out = self.mlp(self.post_attention_layernorm(hidden_states), self.mlp_residual.output_scale(self.mlp.nu_down))
-        return self.mlp_residual(hidden_states, mlp_out)
+        def attention(output_scale):
+            return self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask,
+                                  past_key_values, output_scale, **kwargs)[0]
+
+        hidden_states = self.attn_residual(hidden_states, attention, self.self_attn.nu_o)
+        normed = self.post_attention_layernorm(hidden_states)
+        return self.mlp_residual(hidden_states, lambda output_scale: self.mlp(normed, output_scale), self.mlp.nu_down)
 
 
 class AnGPTPreTrainedModel(PreTrainedModel):
