@@ -317,6 +317,12 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         self.logit_scale = get_architecture(config).logit_scale(config)  # s_z
         self.post_init()
 
+    def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states [b, t, d] -> [b, t, V] (s_z applied): callers that need logits
+        for a slice of positions at a time (long-context losses) call it on their own slices."""
+        s_z = None if self.logit_scale is None else self.logit_scale()
+        return linear(hidden_states, self.lm_head.weight, s_z)
+
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
                 **kwargs) -> CausalLMOutputWithPast:
@@ -325,8 +331,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
                              **kwargs)
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        s_z = None if self.logit_scale is None else self.logit_scale()
-        logits = linear(hidden_states[:, keep, :], self.lm_head.weight, s_z)
+        logits = self.output_logits(hidden_states[:, keep, :])
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

@@ -140,8 +140,10 @@ def _batches(ds, column: str, builder: str, size: int = 1000):
 def get_tokenizer(recipe, source: DataSource, ds, cache_dir: Path):
     from transformers import AutoTokenizer
 
-    if recipe.tokenizer:
-        tok = AutoTokenizer.from_pretrained(recipe.tokenizer)
+    # A run that starts from a checkpoint keeps that checkpoint's token ids: its tokenizer, when it has one.
+    from_checkpoint = recipe.init_from and (Path(recipe.init_from) / "tokenizer_config.json").is_file()
+    if recipe.tokenizer or from_checkpoint:
+        tok = AutoTokenizer.from_pretrained(recipe.tokenizer or recipe.init_from)
     else:
         key = _digest({"source": _source_fingerprint(source, recipe), "vocab": recipe.tokenizer_vocab_size})
         path = cache_dir / f"tokenizer-bpe{recipe.tokenizer_vocab_size}-{key}"
@@ -216,6 +218,45 @@ class BlockDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": torch.from_numpy(self.blocks[i].astype(np.int64))}
+
+
+class NeedleDataset(torch.utils.data.Dataset):
+    """Needle-in-a-haystack examples of exactly `length` tokens (evaluation/needle_task.py), generated on demand:
+    example i is a pure function of (filler text, seed, i), so shuffling and resuming need no stored data."""
+
+    def __init__(self, generator, tokenizer, length: int, size: int, seed: int):
+        self.generator, self.tokenizer, self.length, self.size, self.seed = generator, tokenizer, length, size, seed
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, i):
+        from ..evaluation.needle_task import training_features
+
+        features = training_features(self.generator.example(self.length, self.seed, i), self.tokenizer, self.length)
+        return {key: torch.tensor(value, dtype=torch.long) for key, value in features.items()}
+
+
+def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, info: dict):
+    """dataset_kind=needle: fine-tuning examples at block_size tokens, the loss on the answer only. Filler text
+    comes from the training blocks for training and from the validation blocks for validation, so evaluation
+    haystacks (`angpt eval --suite needle` uses the validation blocks) are text the run never trained on."""
+    from ..evaluation.needle_task import NeedleGenerator, filler_from_blocks
+
+    metadata = Path(recipe.init_from or "") / "training_metadata.json"
+    trained_at = json.loads(metadata.read_text())["recipe"]["block_size"] if recipe.init_from and metadata.is_file() else None
+    if trained_at is not None and trained_at != recipe.block_size:
+        raise ValueError(f"recipe key block_size={recipe.block_size} differs from the training length {trained_at} of "
+                         f"init_from={recipe.init_from}; needle fine-tuning trains at the model's own context length")
+    n_val = max(1, int(round(recipe.validation_fraction * recipe.needle_examples)))
+    datasets = []
+    for blocks, size, seed in ((train.blocks, recipe.needle_examples, recipe.data_seed),
+                               (val.blocks, n_val, recipe.data_seed + 1)):
+        generator = NeedleGenerator(filler_from_blocks(tokenizer, blocks), tokenizer)
+        datasets.append(NeedleDataset(generator, tokenizer, recipe.block_size, size, seed))
+    info = {**info, "dataset_kind": "needle", "needle_train_examples": recipe.needle_examples,
+            "needle_val_examples": n_val}
+    return datasets[0], datasets[1], info
 
 
 class PackedStream(torch.utils.data.IterableDataset):

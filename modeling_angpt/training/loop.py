@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
-from .data import build_datasets, resolve_source
+from .data import build_datasets, needle_datasets, resolve_source
 from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
 from .model_setup import apply_constraints, architecture_defaults, build_config, build_model
 from .optim import build_optimizer, build_scheduler
@@ -94,9 +94,10 @@ def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
         if max_batches is not None and i >= max_batches:
             break
         ids = batch["input_ids"]
+        labels = batch.get("labels", ids)[:, 1:]  # -100 marks positions without loss (needle prompts, padding)
         logits = model(input_ids=ids).logits
-        per_sample = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:],
-                                     reduction="none").mean(dim=1)
+        per_token = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), labels, reduction="none")
+        per_sample = per_token.sum(dim=1) / (labels != -100).sum(dim=1).clamp(min=1)
         per_sample = accelerator.gather_for_metrics(per_sample)
         total += per_sample.double().sum().cpu()
         count += per_sample.numel()
@@ -121,7 +122,7 @@ def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.T
         sync = i == ga - 1
         with contextlib.nullcontext() if sync else accelerator.no_sync(model):
             ids = batch["input_ids"]
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = model(input_ids=ids, labels=batch.get("labels", ids)).loss
             accelerator.backward(loss / ga)
         losses.append(loss.detach())
     mean_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean")
@@ -160,6 +161,8 @@ def _build(recipe: Recipe, source, config) -> _Run:
     accelerator = make_accelerator(recipe)
     set_seed(recipe.seed)  # before the model: the initial weights are a function of the seed
     tokenizer, train_ds, val_ds, data_info = build_datasets(recipe, source, accelerator.main_process_first)
+    if recipe.dataset_kind == "needle":
+        train_ds, val_ds, data_info = needle_datasets(recipe, tokenizer, train_ds, val_ds, data_info)
     model = build_model(recipe, config, tokenizer)
     recipe = recipe.with_architecture_defaults(architecture_defaults(model))
     if recipe.gradient_checkpointing:

@@ -38,6 +38,9 @@ class Recipe:
     tokenizer: str | None = None           # HF tokenizer name/path; None trains a byte-level BPE
     tokenizer_vocab_size: int = 8192
     data_cache_dir: str | None = None      # where tokenizer + packed blocks are cached
+    dataset_kind: str = "blocks"           # blocks: next-token loss on packed text; needle: needle-in-a-haystack
+                                           # examples over the corpus, loss on the answer tokens only
+    needle_examples: int = 10000           # needle: training examples (validation: validation_fraction of it)
     # --- transformers.TrainingArguments names --------------------------------------------------
     output_dir: str = "runs/default"
     seed: int = 42
@@ -92,6 +95,10 @@ class Recipe:
             # each DataLoader worker would iterate the whole stream: every block would be seen N times
             raise ValueError(f"recipe key dataloader_num_workers={self.dataloader_num_workers} must be 0 or 1 "
                              "with streaming: true")
+        if self.dataset_kind not in ("blocks", "needle"):
+            raise ValueError(f"recipe key dataset_kind={self.dataset_kind!r} is not valid; expected blocks or needle")
+        if self.dataset_kind == "needle" and (self.streaming or self.needle_examples <= 0):
+            raise ValueError("recipe key dataset_kind='needle' needs streaming: false and needle_examples > 0")
         unknown = set(self.report_to) - {"tensorboard", "jsonl", "none"}
         if unknown:
             raise ValueError(f"recipe key report_to has unknown entries {sorted(unknown)}; "

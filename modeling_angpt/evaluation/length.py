@@ -1,0 +1,181 @@
+"""Length generalisation (the scale-invariant paper's Table 1 protocol, SPEC §4): the validation loss of one
+checkpoint at several multiples of its training length, overall and per position bucket, and a PNG of loss
+against position.
+
+Every multiple is evaluated on the same held-out tokens: the first k·M·L tokens (M the largest multiple, L the
+training length, k windows) are cut into windows of m·L tokens for each multiple m, so the figures differ only in
+how much context each token sees. Bucket b of a window holds the predictions of target positions [b·L, (b+1)·L):
+bucket 0 is what training saw, the later ones are extrapolation. The forward runs on the chunked eager attention
+(long_context.memory_bounded_attention) and the logits are computed a slice of positions at a time, so neither a
+T×T score tensor per head nor a T×V logit tensor exists at 16× (or 64k).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .long_context import (check_lengths, held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for,
+                           training_length)
+
+DEFAULT_MULTIPLES = (1, 2, 4, 8, 16)
+LOGIT_BUDGET = 2 ** 24  # elements of one slice of logits [b, positions, V]
+
+
+@torch.no_grad()
+def per_token_losses(model, input_ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy at every position: [b, T] ids -> [b, T-1] float32 losses (entry j predicts token
+    j+1). Logits are formed LOGIT_BUDGET elements at a time from the final hidden states."""
+    hidden = model.model(input_ids=input_ids, use_cache=False).last_hidden_state  # [b, T, d]
+    batch, length = input_ids.shape
+    step = max(1, LOGIT_BUDGET // (batch * model.config.vocab_size))
+    losses = []
+    for start in range(0, length - 1, step):
+        stop = min(start + step, length - 1)
+        logits = model.output_logits(hidden[:, start:stop]).float()  # [b, s, V]
+        losses.append(F.cross_entropy(logits.transpose(1, 2), input_ids[:, start + 1:stop + 1], reduction="none"))
+    return torch.cat(losses, dim=1)
+
+
+@dataclass
+class LengthReport:
+    train_length: int
+    windows: dict = field(default_factory=dict)        # multiple -> number of windows evaluated
+    position_loss: dict = field(default_factory=dict)  # multiple -> [m·L − 1] mean loss per target position
+    source: str = ""
+
+    def loss(self, multiple: int) -> float:
+        """Mean over every predicted token (each window weighs the same; windows have equal length)."""
+        return float(self.position_loss[multiple].mean())
+
+    def bucket_losses(self, multiple: int) -> list[float]:
+        """Mean loss per bucket of L target positions (position p predicts token p+1; bucket 0 starts at p=0)."""
+        losses = self.position_loss[multiple]
+        return [float(losses[b * self.train_length - (b > 0): (b + 1) * self.train_length - 1].mean())
+                for b in range(multiple)]
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        table = {}
+        for multiple in sorted(self.position_loss):
+            loss = self.loss(multiple)
+            row = {"loss": loss, "perplexity": math.exp(min(loss, 700.0)),
+                   "tokens": float(multiple * self.train_length), "windows": float(self.windows[multiple])}
+            row.update({f"loss_{b}x-{b + 1}x": v for b, v in enumerate(self.bucket_losses(multiple))})
+            table[f"length_x{multiple}"] = row
+        return table
+
+
+def length_generalisation(model, ids, train_length: int, multiples=DEFAULT_MULTIPLES, *, windows: int | None = None,
+                          batch_size: int = 1, query_chunk_size: int | None = None, tokenizer=None,
+                          source: str = "") -> LengthReport:
+    """Validation loss of `model` at each multiple of `train_length` on the token stream `ids` (1-D ids, an
+    [n, L] array of blocks, or text with `tokenizer`). `windows` caps the number of longest windows."""
+    if isinstance(ids, str):
+        if tokenizer is None:
+            raise ValueError("length_generalisation: text needs a tokenizer")
+        ids = tokenizer(ids, add_special_tokens=False)["input_ids"]
+    stream = torch.as_tensor(np.asarray(ids), dtype=torch.long).reshape(-1)
+    multiples = sorted(set(int(m) for m in multiples))
+    longest = multiples[-1] * train_length
+    available = stream.numel() // longest
+    if available == 0:
+        raise ValueError(f"held-out text{f' ({source})' if source else ''} has {stream.numel()} tokens, fewer than "
+                         f"the {longest} of one window at {multiples[-1]} × {train_length}")
+    count = available if windows is None else max(1, min(int(windows), available))
+    stream = stream[: count * longest].to(model.device)
+    report = LengthReport(train_length, source=source)
+    model.eval()
+    for multiple in multiples:
+        length = multiple * train_length
+        sequences = stream.view(-1, length)
+        chunk = query_chunk_for(model.config, batch_size, length, query_chunk_size)
+        total = torch.zeros(length - 1, dtype=torch.float64)
+        with memory_bounded_attention(model, chunk):
+            for start in range(0, len(sequences), batch_size):
+                total += per_token_losses(model, sequences[start:start + batch_size]).double().sum(0).cpu()
+        report.windows[multiple] = len(sequences)
+        report.position_loss[multiple] = (total / len(sequences)).numpy()
+    return report
+
+
+def plot_loss_vs_position(report: LengthReport, path: Path, title: str = "") -> Path:
+    """Loss against target position (log x), one curve per multiple, averaged over bins of L/8 positions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = max(1, report.train_length // 8)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for multiple in sorted(report.position_loss):
+        losses = report.position_loss[multiple]
+        bins = len(losses) // width
+        means = losses[: bins * width].reshape(bins, width).mean(1) if bins else losses[None].mean(1)
+        centres = (np.arange(len(means)) + 0.5) * width + 1
+        ax.plot(centres, means, label=f"{multiple}× ({multiple * report.train_length} tokens)")
+    ax.axvline(report.train_length, color="grey", linestyle="--", linewidth=1, label="training length")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in the window (tokens)")
+    ax.set_ylabel(f"validation loss (mean over bins of {width})")
+    ax.set_title(title or f"loss against position, trained at {report.train_length} tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def markdown_table(report: LengthReport) -> str:
+    multiples = sorted(report.position_loss)
+    buckets = multiples[-1]
+    header = "| length | tokens | windows | loss | perplexity | " + " | ".join(f"{b}-{b + 1}×" for b in range(buckets))
+    lines = [header + " |", "|" + "---|" * (5 + buckets)]
+    for multiple in multiples:
+        values = report.bucket_losses(multiple) + [None] * (buckets - multiple)
+        cells = " | ".join("" if v is None else f"{v:.4f}" for v in values)
+        loss = report.loss(multiple)
+        lines.append(f"| {multiple}× | {multiple * report.train_length} | {report.windows[multiple]} | {loss:.4f} | "
+                     f"{math.exp(min(loss, 700.0)):.2f} | {cells} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_artifacts(report: LengthReport, output_dir: Path, title: str = "") -> dict[str, Path]:
+    """length.json (overall, per bucket, per position), length.md (the table) and length.png."""
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    data = {"train_length": report.train_length, "source": report.source, "metrics": report.metrics(),
+            "buckets": {f"x{m}": report.bucket_losses(m) for m in sorted(report.position_loss)},
+            "position_loss": {f"x{m}": [round(float(v), 5) for v in report.position_loss[m]]
+                              for m in sorted(report.position_loss)}}
+    paths = {"json": output_dir / "length.json", "markdown": output_dir / "length.md", "png": output_dir / "length.png"}
+    paths["json"].write_text(json.dumps(data, indent=1))
+    caption = (f"Validation loss per {report.train_length}-token bucket of the window (training length "
+               f"{report.train_length}); held-out text: {report.source or 'given tokens'}.\n\n")
+    paths["markdown"].write_text(caption + markdown_table(report))
+    plot_loss_vs_position(report, paths["png"], title)
+    return paths
+
+
+def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
+    """`angpt eval CHECKPOINT --suite length`: options.lengths (multiples; default 1,2,4,8,16), batch_size, limit
+    (number of longest windows, or a fraction of them), optional train_length; artifacts into output_dir."""
+    from .long_context import resolve_multiples
+
+    checkpoint = Path(checkpoint)
+    train_length = training_length(checkpoint, getattr(options, "train_length", None))
+    multiples = resolve_multiples(getattr(options, "lengths", None), DEFAULT_MULTIPLES)
+    check_lengths(model.config, train_length, multiples, checkpoint)
+    blocks, source = held_out_blocks(checkpoint, train_length)
+    available = blocks.size // (multiples[-1] * train_length)
+    report = length_generalisation(model, blocks, train_length, multiples,
+                                   windows=limit_count(getattr(options, "limit", None), max(available, 1)),
+                                   batch_size=int(getattr(options, "batch_size", None) or 1),
+                                   query_chunk_size=getattr(options, "query_chunk_size", None), source=source)
+    write_artifacts(report, output_dir, title=f"{checkpoint.name}: loss against position")
+    return report.metrics()

@@ -1,0 +1,106 @@
+"""Needle retrieval of a checkpoint (SPEC §4.2): greedy generation with the KV cache on needle examples
+(needle_task.py) built from the checkpoint's held-out text, at 1×, 4× and 16× its training length by default.
+
+The prefill runs on the chunked eager attention (no T×T tensor per head), decoding on the same path with one query
+per step. Greedy decoding stops at the first newline or after needle_task.MAX_NEW_TOKENS tokens, as the lm-eval
+task `angpt_needle` does (eval/tasks/angpt_needle), so both report the same answers for the same examples.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .long_context import (check_lengths, held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for,
+                           resolve_multiples, training_length)
+from .needle_task import MAX_NEW_TOKENS, NeedleGenerator, filler_from_blocks, score_answer
+
+DEFAULT_MULTIPLES = (1, 4, 16)
+DEFAULT_EXAMPLES = 50  # per length
+
+
+def held_out_text(checkpoint: Path, tokenizer, train_length: int) -> tuple[str, int, str]:
+    """(text, tokens, description) of the checkpoint's held-out blocks, decoded one block per line group."""
+    blocks, source = held_out_blocks(checkpoint, train_length)
+    return filler_from_blocks(tokenizer, blocks), int(blocks.size), source
+
+
+def needle_documents(checkpoint: Path, tokenizer, multiple: int, count: int = DEFAULT_EXAMPLES, seed: int = 0,
+                     train_length: int | None = None) -> list[dict]:
+    """`count` needle examples at `multiple` × the checkpoint's training length over its held-out text, as dicts
+    (prompt, target, cities, numbers, depths, length, tokens): the rows of the lm-eval task `angpt_needle`, and
+    the examples `run_suite` scores for the same seed."""
+    train_length = training_length(Path(checkpoint), train_length)
+    text, tokens, source = held_out_text(Path(checkpoint), tokenizer, train_length)
+    length = multiple * train_length
+    if tokens < length:
+        raise ValueError(f"--lengths {multiple}: {multiple} × {train_length} = {length} tokens of haystack exceed the "
+                         f"{tokens} tokens of held-out text ({source})")
+    return [example.to_dict() for example in NeedleGenerator(text, tokenizer).examples(length, count, seed)]
+
+
+@torch.no_grad()
+def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = MAX_NEW_TOKENS,
+                    query_chunk_size: int | None = None) -> str:
+    """Greedy continuation of `prompt` (KV cache), up to its first newline."""
+    ids = tokenizer(prompt, add_special_tokens=False, return_tensors="pt")["input_ids"].to(model.device)
+    chunk = query_chunk_for(model.config, 1, ids.shape[1] + max_new_tokens, query_chunk_size)
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    with memory_bounded_attention(model, chunk):
+        output = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                do_sample=False, use_cache=True, pad_token_id=tokenizer.eos_token_id,
+                                eos_token_id=newline[-1:] if len(newline) == 1 else tokenizer.eos_token_id)
+    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True).split("\n", 1)[0]
+
+
+def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=DEFAULT_MULTIPLES, *,
+                    examples: int = DEFAULT_EXAMPLES, seed: int = 0, query_chunk_size: int | None = None) -> dict:
+    """{multiple: {"acc", "exact_match", "samples": [...]}} over `examples` needle examples per length."""
+    generator = NeedleGenerator(filler, tokenizer)
+    model.eval()
+    results = {}
+    for multiple in sorted(set(int(m) for m in multiples)):
+        length = multiple * train_length
+        samples = []
+        for example in generator.examples(length, examples, seed):
+            answer = generate_answer(model, tokenizer, example.prompt, query_chunk_size=query_chunk_size)
+            score = score_answer(answer, example.cities, example.numbers)
+            samples.append({"target": example.target, "answer": answer, "acc": score, "tokens": example.tokens,
+                            "depths": [round(d, 4) for d in example.depths]})
+        accuracy = sum(s["acc"] for s in samples) / len(samples)
+        exact = sum(s["acc"] == 1.0 for s in samples) / len(samples)
+        results[multiple] = {"acc": accuracy, "exact_match": exact, "samples": samples}
+    return results
+
+
+def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
+    """`angpt eval CHECKPOINT --suite needle`: options.lengths (multiples; default 1,4,16), limit (examples per
+    length, default 50), seed, log_samples, optional train_length; needle.json / needle.md into output_dir."""
+    checkpoint, output_dir = Path(checkpoint), Path(output_dir)
+    train_length = training_length(checkpoint, getattr(options, "train_length", None))
+    multiples = resolve_multiples(getattr(options, "lengths", None), DEFAULT_MULTIPLES)
+    check_lengths(model.config, train_length, multiples, checkpoint)
+    text, tokens, source = held_out_text(checkpoint, tokenizer, train_length)
+    if tokens < multiples[-1] * train_length:
+        raise ValueError(f"--lengths {multiples[-1]}: {multiples[-1]} × {train_length} = {multiples[-1] * train_length} "
+                         f"tokens of haystack exceed the {tokens} tokens of held-out text ({source})")
+    limit = getattr(options, "limit", None)  # examples per length (any count); a fraction < 1 scales the default
+    count = limit_count(limit, DEFAULT_EXAMPLES if limit is None or float(limit) < 1 else int(float(limit)))
+    seed = getattr(options, "seed", None)
+    results = needle_accuracy(model, tokenizer, text, train_length, multiples, examples=count,
+                              seed=0 if seed is None else int(seed),
+                              query_chunk_size=getattr(options, "query_chunk_size", None))
+    metrics = {f"needle_x{m}": {"acc": r["acc"], "exact_match": r["exact_match"], "tokens": float(m * train_length),
+                                "examples": float(len(r["samples"]))} for m, r in results.items()}
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report = {"train_length": train_length, "source": source, "metrics": metrics}
+    if getattr(options, "log_samples", False):
+        report["samples"] = {f"needle_x{m}": r["samples"] for m, r in results.items()}
+    (output_dir / "needle.json").write_text(json.dumps(report, indent=1))
+    lines = [f"Needle retrieval (3 needles, greedy), trained at {train_length} tokens; haystacks from {source}.", "",
+             "| length | tokens | examples | acc (per needle) | all three right |", "|---|---|---|---|---|"]
+    lines += [f"| {m}× | {m * train_length} | {len(r['samples'])} | {r['acc']:.3f} | {r['exact_match']:.3f} |"
+              for m, r in results.items()]
+    (output_dir / "needle.md").write_text("\n".join(lines) + "\n")
+    return metrics

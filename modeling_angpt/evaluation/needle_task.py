@@ -1,0 +1,202 @@
+"""Needle in a haystack (scale-invariant paper, SPEC §4.2): the example generator and the scorer.
+
+An example of token length L is filler text with three needles `The special magic <city> number is <n>.` (three
+distinct cities, 7-digit numbers from 1000000 to 9999999) at uniformly random depths, then the question; the
+target is `city1=n1;city2=n2;city3=n3` with the needles **in their order of appearance** in the haystack.
+
+- Filler: lines of held-out corpus text ("units"; lines longer than 400 characters are cut at sentence ends),
+  consecutive from a random start, wrapping around. Units and needles are joined by newlines, so each needle
+  is a line of its own and sits between two units.
+- Depth of a needle: the fraction of the filler's characters that precede it. The needle goes to the unit
+  boundary nearest its drawn depth, so the realised depth is within one unit of the drawn one; the example
+  records the realised depths.
+- Length: tokens(prompt) + tokens(" " + target + "\\n") <= L, tokenised separately as training and inference see
+  them; the filler is the run of units that fits, the last one cut to the tokens left (the paper trims its
+  haystack to exactly L), so examples come within a few tokens of L.
+- Every example is a pure function of (filler, tokenizer, L, seed, index): `NeedleGenerator.example`.
+
+Scoring (`score_answer`): the answer is the generated text up to its first newline. It must read
+`city=digits` pairs separated by `;` (spaces around the tokens and one trailing `;` are tolerated); anything
+else is malformed and scores 0: empty text, garbage, pairs not separated by `;`, more pairs than needles, or a
+city named twice. Otherwise each needle counts if some pair has its city (exact, case-sensitive) and its number:
+the score is the fraction of the needles found, in any order.
+"""
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+CITIES = ("Amsterdam", "Athens", "Bangkok", "Barcelona", "Beijing", "Berlin", "Bogota", "Boston", "Brussels",
+          "Budapest", "Cairo", "Chicago", "Copenhagen", "Dakar", "Delhi", "Dublin", "Edinburgh", "Florence",
+          "Geneva", "Hanoi", "Havana", "Helsinki", "Istanbul", "Jakarta", "Kyoto", "Lagos", "Lima", "Lisbon",
+          "London", "Madrid", "Manila", "Marseille", "Melbourne", "Mexico", "Milan", "Montreal", "Moscow", "Mumbai",
+          "Munich", "Nairobi", "Naples", "Oslo", "Paris", "Prague", "Quito", "Riga", "Rome", "Santiago", "Seoul",
+          "Shanghai", "Singapore", "Stockholm", "Sydney", "Taipei", "Tokyo", "Toronto", "Valencia", "Venice",
+          "Vienna", "Warsaw", "Zurich")
+NEEDLE = "The special magic {city} number is {number}."
+QUESTION = "\nWhat are the special magic numbers?\nAnswer:"
+NUM_NEEDLES = 3
+MAX_UNIT_CHARS = 400
+MAX_NEW_TOKENS = 96  # generation budget for the answer line (lm-eval task and `needle.py` use the same)
+
+_SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
+_PAIR = re.compile(r"\s*([A-Za-z][A-Za-z .'-]*?)\s*=\s*(\d+)\s*")
+
+
+def filler_units(text: str) -> list[str]:
+    """Non-empty lines of `text` (stripped), long ones cut at sentence ends into pieces of <= MAX_UNIT_CHARS."""
+    units = []
+    for line in text.splitlines():
+        line = line.strip()
+        if len(line) <= MAX_UNIT_CHARS:
+            units += [line] if line else []
+            continue
+        piece = ""
+        for sentence in _SENTENCE_END.split(line):
+            if piece and len(piece) + len(sentence) + 1 > MAX_UNIT_CHARS:
+                units.append(piece)
+                piece = ""
+            piece = f"{piece} {sentence}".strip()
+            while len(piece) > MAX_UNIT_CHARS:
+                units.append(piece[:MAX_UNIT_CHARS])
+                piece = piece[MAX_UNIT_CHARS:]
+        units += [piece] if piece else []
+    return units
+
+
+@dataclass(frozen=True)
+class NeedleExample:
+    prompt: str          # haystack with the needles, then QUESTION
+    target: str          # "city1=n1;city2=n2;city3=n3" in order of appearance
+    cities: tuple        # in order of appearance
+    numbers: tuple       # strings of 7 digits, same order
+    depths: tuple        # realised depth of each needle (fraction of filler characters before it)
+    length: int          # the token budget L
+    tokens: int          # tokens(prompt) + tokens(" " + target + "\n") <= length
+
+    @property
+    def answer(self) -> str:
+        """What follows the prompt in training: a space, the target, a newline (the end of the answer)."""
+        return f" {self.target}\n"
+
+    def to_dict(self) -> dict:
+        row = asdict(self)
+        row.update(cities=list(self.cities), numbers=list(self.numbers), depths=list(self.depths))
+        return row
+
+
+def filler_from_blocks(tokenizer, blocks) -> str:
+    """Filler text from token blocks [n, L] of a corpus split: each block decoded, one after the other."""
+    return "\n".join(tokenizer.batch_decode(np.asarray(blocks, dtype=np.int64).tolist()))
+
+
+def _count(tokenizer, text: str) -> int:
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+class NeedleGenerator:
+    """Examples over the filler `text` (held-out corpus text), sized in tokens of `tokenizer`."""
+
+    def __init__(self, text: str, tokenizer, num_needles: int = NUM_NEEDLES):
+        self.units = filler_units(text)
+        if not self.units:
+            raise ValueError("needle filler text is empty")
+        self.tokenizer, self.num_needles = tokenizer, num_needles
+        # Per-unit token counts (+1 for the joining newline): a close over-estimate of the joined text's count.
+        counts = tokenizer(self.units, add_special_tokens=False)["input_ids"]
+        self.unit_tokens = [len(ids) + 1 for ids in counts]
+
+    def example(self, length: int, seed: int, index: int) -> NeedleExample:
+        rng = random.Random(f"angpt-needle/{seed}/{index}")  # string seeds hash deterministically across runs
+        cities = rng.sample(CITIES, self.num_needles)
+        numbers = [str(rng.randint(1_000_000, 9_999_999)) for _ in cities]
+        depths = [rng.random() for _ in cities]
+        start = rng.randrange(len(self.units))
+        needles = [NEEDLE.format(city=c, number=n) for c, n in zip(cities, numbers)]
+        # Fixed part: needles, question and answer (the answer's cities follow the order of appearance, which
+        # only permutes the pairs; the count does not depend on the order to within a token, re-checked below).
+        fixed = sum(_count(self.tokenizer, n) + 1 for n in needles) + _count(self.tokenizer, QUESTION)
+        fixed += _count(self.tokenizer, " " + ";".join(f"{c}={n}" for c, n in zip(cities, numbers)) + "\n")
+        if fixed > length:
+            raise ValueError(f"a needle example needs at least {fixed} tokens (three needles, question and answer); "
+                             f"length {length} is too short")
+        chosen, budget = [], length - fixed
+        while len(chosen) < len(self.units):
+            unit = self.units[(start + len(chosen)) % len(self.units)]
+            cost = self.unit_tokens[(start + len(chosen)) % len(self.units)]
+            if cost > budget:  # the first tokens of the next unit fill what is left (the paper trims to L)
+                head = self.tokenizer.decode(self.tokenizer(unit, add_special_tokens=False)["input_ids"][:budget - 1])
+                chosen += [head.strip()] if budget > 1 and head.strip() else []
+                break
+            budget -= cost
+            chosen.append(unit)
+        while True:  # the estimate is close; drop filler from the end until the exact count fits
+            example = self._assemble(chosen, needles, cities, numbers, depths, length)
+            if example.tokens <= length or not chosen:
+                break
+            chosen = chosen[:-1]
+        if example.tokens > length:
+            raise ValueError(f"a needle example needs {example.tokens} tokens; length {length} is too short")
+        return example
+
+    def _assemble(self, units, needles, cities, numbers, depths, length) -> NeedleExample:
+        offsets = [0]  # character offset of each unit boundary within the filler ("\n"-joined units)
+        for unit in units:
+            offsets.append(offsets[-1] + len(unit) + (1 if len(offsets) > 1 else 0))
+        total = max(offsets[-1], 1)
+        slots = [min(range(len(offsets)), key=lambda i: abs(offsets[i] - d * total)) for d in depths]
+        order = sorted(range(len(needles)), key=lambda k: (slots[k], depths[k]))
+        lines, realised, placed = [], [], 0
+        for slot in range(len(units) + 1):
+            for k in (k for k in order if slots[k] == slot):
+                lines.append(needles[k])
+                realised.append(offsets[slot] / total)
+            if slot < len(units):
+                lines.append(units[slot])
+        prompt = "\n".join(lines) + QUESTION
+        target = ";".join(f"{cities[k]}={numbers[k]}" for k in order)
+        tokens = _count(self.tokenizer, prompt) + _count(self.tokenizer, f" {target}\n")
+        return NeedleExample(prompt, target, tuple(cities[k] for k in order), tuple(numbers[k] for k in order),
+                             tuple(realised), length, tokens)
+
+    def examples(self, length: int, count: int, seed: int) -> list[NeedleExample]:
+        return [self.example(length, seed, index) for index in range(count)]
+
+
+def training_features(example: NeedleExample, tokenizer, length: int) -> dict:
+    """input_ids = prompt + answer, padded with EOS to `length`; labels = the answer's ids, -100 elsewhere (the
+    loss is on the answer tokens only). Returns lists; the dataset makes tensors."""
+    prompt = tokenizer(example.prompt, add_special_tokens=False)["input_ids"]
+    answer = tokenizer(example.answer, add_special_tokens=False)["input_ids"]
+    ids = prompt + answer
+    if len(ids) > length:
+        raise ValueError(f"needle example of {len(ids)} tokens does not fit in {length}")
+    pad = length - len(ids)
+    return {"input_ids": ids + [tokenizer.eos_token_id] * pad, "labels": [-100] * len(prompt) + answer + [-100] * pad}
+
+
+def parse_answer(text: str) -> list[tuple[str, str]] | None:
+    """The (city, number) pairs of an answer, or None when it is malformed (module docstring)."""
+    line = text.split("\n", 1)[0].strip()
+    pieces = line.split(";")
+    if len(pieces) > 1 and not pieces[-1].strip():
+        pieces = pieces[:-1]  # one trailing ';'
+    pairs = []
+    for piece in pieces:
+        match = _PAIR.fullmatch(piece)
+        if match is None:
+            return None
+        pairs.append((match.group(1), match.group(2)))
+    return pairs
+
+
+def score_answer(answer: str, cities, numbers) -> float:
+    """Fraction of the needles (city, number) found in `answer`; malformed answers score 0."""
+    pairs = parse_answer(answer)
+    if not pairs or len(pairs) > len(cities) or len({c for c, _ in pairs}) < len(pairs):
+        return 0.0
+    given = dict(pairs)
+    return sum(given.get(city) == number for city, number in zip(cities, numbers)) / len(cities)
