@@ -20,8 +20,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .long_context import (check_lengths, held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for,
-                           training_length)
+from .long_context import (batch_size_of, held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for,
+                           suite_lengths)
 
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16)
 LOGIT_BUDGET = 2 ** 24  # elements of one slice of logits [b, positions, V]
@@ -162,20 +162,21 @@ def write_artifacts(report: LengthReport, output_dir: Path, title: str = "") -> 
     return paths
 
 
+def preflight(checkpoint: Path, options) -> None:
+    """Checks that need no weights (the front door calls it before loading the model): ValueError, one line."""
+    suite_lengths(Path(checkpoint), options, DEFAULT_MULTIPLES)
+
+
 def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
     """`angpt eval CHECKPOINT --suite length`: options.lengths (multiples; default 1,2,4,8,16), batch_size, limit
     (number of longest windows, or a fraction of them), optional train_length; artifacts into output_dir."""
-    from .long_context import resolve_multiples
-
     checkpoint = Path(checkpoint)
-    train_length = training_length(checkpoint, getattr(options, "train_length", None))
-    multiples = resolve_multiples(getattr(options, "lengths", None), DEFAULT_MULTIPLES)
-    check_lengths(model.config, train_length, multiples, checkpoint)
+    train_length, multiples = suite_lengths(checkpoint, options, DEFAULT_MULTIPLES, model.config)
     blocks, source = held_out_blocks(checkpoint, train_length)
     available = blocks.size // (multiples[-1] * train_length)
     report = length_generalisation(model, blocks, train_length, multiples,
                                    windows=limit_count(getattr(options, "limit", None), max(available, 1)),
-                                   batch_size=int(getattr(options, "batch_size", None) or 1),
+                                   batch_size=batch_size_of(options),
                                    query_chunk_size=getattr(options, "query_chunk_size", None), source=source)
     write_artifacts(report, output_dir, title=f"{checkpoint.name}: loss against position")
     return report.metrics()

@@ -84,6 +84,21 @@ def check_lengths(config, train_length: int, multiples: list[int], where) -> Non
                              f"({where})")
 
 
+def suite_lengths(checkpoint: Path, options, default: tuple[int, ...], config=None) -> tuple[int, list[int]]:
+    """(training length, multiples) of a suite run, checked (`check_lengths`); without `config` it is read from
+    the checkpoint, so the front door can refuse bad input before it loads the weights."""
+    if config is None:
+        from transformers import AutoConfig
+
+        from .. import AnGPTConfig  # noqa: F401  (registers model_type "angpt")
+
+        config = AutoConfig.from_pretrained(checkpoint)
+    train_length = training_length(checkpoint, getattr(options, "train_length", None))
+    multiples = resolve_multiples(getattr(options, "lengths", None), default)
+    check_lengths(config, train_length, multiples, checkpoint)
+    return train_length, multiples
+
+
 def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, str]:
     """([n, train_length] token ids, description): the checkpoint's validation blocks (module docstring)."""
     from ..training.data import build_datasets, resolve_source
@@ -93,6 +108,8 @@ def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, st
     if metadata is not None and "recipe" in metadata:
         values = dict(metadata["recipe"])
         where = f"{checkpoint}/training_metadata.json"
+        if values.get("init_from"):  # that run took init_from's tokenizer and saved it beside the weights
+            values.update(tokenizer=values["tokenizer"] or str(checkpoint), init_from=None)
     else:
         values = {"tokenizer": str(checkpoint)}
         where = f"default corpus, tokenised with {checkpoint}'s tokenizer"
@@ -100,6 +117,12 @@ def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, st
     recipe = recipe_from_dict(values, where=where)
     _, _, val, info = build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
     return np.asarray(val.blocks), f"validation split of {info['dataset']} ({len(val.blocks)} blocks of {train_length})"
+
+
+def batch_size_of(options, default: int = 1) -> int:
+    """options.batch_size as an int (lm-eval's 'auto' and None give `default`)."""
+    value = str(getattr(options, "batch_size", None) or default)
+    return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 def limit_count(limit, available: int) -> int:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from .long_context import (check_lengths, held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for,
-                           resolve_multiples, training_length)
+from .long_context import (held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for, suite_lengths,
+                           training_length)
 from .needle_task import MAX_NEW_TOKENS, NeedleGenerator, filler_from_blocks, score_answer
 
 DEFAULT_MULTIPLES = (1, 4, 16)
@@ -74,13 +74,16 @@ def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=
     return results
 
 
+def preflight(checkpoint: Path, options) -> None:
+    """Checks that need no weights (the front door calls it before loading the model): ValueError, one line."""
+    suite_lengths(Path(checkpoint), options, DEFAULT_MULTIPLES)
+
+
 def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
     """`angpt eval CHECKPOINT --suite needle`: options.lengths (multiples; default 1,4,16), limit (examples per
     length, default 50), seed, log_samples, optional train_length; needle.json / needle.md into output_dir."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
-    train_length = training_length(checkpoint, getattr(options, "train_length", None))
-    multiples = resolve_multiples(getattr(options, "lengths", None), DEFAULT_MULTIPLES)
-    check_lengths(model.config, train_length, multiples, checkpoint)
+    train_length, multiples = suite_lengths(checkpoint, options, DEFAULT_MULTIPLES, model.config)
     text, tokens, source = held_out_text(checkpoint, tokenizer, train_length)
     if tokens < multiples[-1] * train_length:
         raise ValueError(f"--lengths {multiples[-1]}: {multiples[-1]} × {train_length} = {multiples[-1] * train_length} "
