@@ -116,10 +116,23 @@ def test_bad_lengths_fail_with_one_line(lengths, message, tiny_checkpoint, tmp_p
     from transformers import AutoModelForCausalLM
 
     directory = tiny_checkpoint(32)
+    if lengths != [4000]:  # what needs no held-out text is refused before the weights load
+        with pytest.raises(ValueError, match=message):
+            length.preflight(directory, options(lengths=lengths))
     model = AutoModelForCausalLM.from_pretrained(directory)
     with pytest.raises(ValueError, match=message) as info:
         length.run_suite(model, None, directory, options(lengths=lengths), tmp_path)
     assert "\n" not in str(info.value)
+
+
+def test_other_model_types_are_refused():
+    from transformers import LlamaConfig
+
+    from modeling_angpt.evaluation.long_context import check_lengths
+
+    with pytest.raises(ValueError, match=r"DIR: the length and needle suites evaluate anGPT-family checkpoints "
+                                         r"\(model_type 'angpt'\); this one has model_type 'llama'"):
+        check_lengths(LlamaConfig(), 128, [1, 4], "DIR")
 
 
 def test_a_checkpoint_without_its_training_length_needs_it_given(tiny_config, tmp_path):
