@@ -92,6 +92,12 @@ def test_generator_places_three_needles_where_it_says(generator, length):
 def test_generator_refuses_a_length_without_room_for_the_needles(generator):
     with pytest.raises(ValueError, match=r"a needle example needs at least \d+ tokens .* length 64 is too short"):
         generator[0].example(64, 0, 0)
+    minimum = generator[0].minimum_length()
+    assert 150 < minimum <= TRAIN_LENGTH
+    generator[0].check_length(minimum)
+    with pytest.raises(ValueError, match=rf"needle examples take up to {minimum} tokens before any filler .*; "
+                                         rf"block_size {minimum - 1} is too short"):
+        generator[0].check_length(minimum - 1, "block_size")
 
 
 def options(**values):

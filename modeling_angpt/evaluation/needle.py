@@ -37,7 +37,9 @@ def needle_documents(checkpoint: Path, tokenizer, multiple: int, count: int = DE
     if tokens < length:
         raise ValueError(f"--lengths {multiple}: {multiple} × {train_length} = {length} tokens of haystack exceed the "
                          f"{tokens} tokens of held-out text ({source})")
-    return [example.to_dict() for example in NeedleGenerator(text, tokenizer).examples(length, count, seed)]
+    generator = NeedleGenerator(text, tokenizer)
+    generator.check_length(length, f"--lengths {multiple}: {multiple} × {train_length} =")
+    return [example.to_dict() for example in generator.examples(length, count, seed)]
 
 
 @torch.no_grad()
@@ -58,6 +60,8 @@ def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=
                     examples: int = DEFAULT_EXAMPLES, seed: int = 0, query_chunk_size: int | None = None) -> dict:
     """{multiple: {"acc", "exact_match", "samples": [...]}} over `examples` needle examples per length."""
     generator = NeedleGenerator(filler, tokenizer)
+    for multiple in multiples:
+        generator.check_length(multiple * train_length, f"--lengths {multiple}: {multiple} × {train_length} =")
     model.eval()
     results = {}
     for multiple in sorted(set(int(m) for m in multiples)):

@@ -253,6 +253,7 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     for blocks, size, seed in ((train.blocks, recipe.needle_examples, recipe.data_seed),
                                (val.blocks, n_val, recipe.data_seed + 1)):
         generator = NeedleGenerator(filler_from_blocks(tokenizer, blocks), tokenizer)
+        generator.check_length(recipe.block_size, "recipe key block_size")
         datasets.append(NeedleDataset(generator, tokenizer, recipe.block_size, size, seed))
     info = {**info, "dataset_kind": "needle", "needle_train_examples": recipe.needle_examples,
             "needle_val_examples": n_val}
