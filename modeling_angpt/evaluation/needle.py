@@ -20,10 +20,14 @@ DEFAULT_MULTIPLES = (1, 4, 16)
 DEFAULT_EXAMPLES = 50  # per length
 
 
-def held_out_text(checkpoint: Path, tokenizer, train_length: int) -> tuple[str, int, str]:
-    """(text, tokens, description) of the checkpoint's held-out blocks, decoded one block per line group."""
+def held_out_text(checkpoint: Path, tokenizer, train_length: int, multiple: int) -> tuple[str, str]:
+    """(text, description) of the checkpoint's held-out blocks, decoded; they must hold one haystack of
+    `multiple` × `train_length` tokens (the filler is never repeated within a haystack)."""
     blocks, source = held_out_blocks(checkpoint, train_length)
-    return filler_from_blocks(tokenizer, blocks), int(blocks.size), source
+    if blocks.size < multiple * train_length:
+        raise ValueError(f"--lengths {multiple}: {multiple} × {train_length} = {multiple * train_length} tokens of "
+                         f"haystack exceed the {blocks.size} tokens of held-out text ({source})")
+    return filler_from_blocks(tokenizer, blocks), source
 
 
 def needle_documents(checkpoint: Path, tokenizer, multiple: int, count: int = DEFAULT_EXAMPLES, seed: int = 0,
@@ -32,11 +36,8 @@ def needle_documents(checkpoint: Path, tokenizer, multiple: int, count: int = DE
     (prompt, target, cities, numbers, depths, length, tokens): the rows of the lm-eval task `angpt_needle`, and
     the examples `run_suite` scores for the same seed."""
     train_length = training_length(Path(checkpoint), train_length)
-    text, tokens, source = held_out_text(Path(checkpoint), tokenizer, train_length)
+    text, _ = held_out_text(Path(checkpoint), tokenizer, train_length, multiple)
     length = multiple * train_length
-    if tokens < length:
-        raise ValueError(f"--lengths {multiple}: {multiple} × {train_length} = {length} tokens of haystack exceed the "
-                         f"{tokens} tokens of held-out text ({source})")
     generator = NeedleGenerator(text, tokenizer)
     generator.check_length(length, f"--lengths {multiple}: {multiple} × {train_length} =")
     return [example.to_dict() for example in generator.examples(length, count, seed)]
@@ -88,10 +89,7 @@ def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> 
     length, default 50), seed, log_samples, optional train_length; needle.json / needle.md into output_dir."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     train_length, multiples = suite_lengths(checkpoint, options, DEFAULT_MULTIPLES, model.config)
-    text, tokens, source = held_out_text(checkpoint, tokenizer, train_length)
-    if tokens < multiples[-1] * train_length:
-        raise ValueError(f"--lengths {multiples[-1]}: {multiples[-1]} × {train_length} = {multiples[-1] * train_length} "
-                         f"tokens of haystack exceed the {tokens} tokens of held-out text ({source})")
+    text, source = held_out_text(checkpoint, tokenizer, train_length, multiples[-1])
     limit = getattr(options, "limit", None)  # examples per length (any count); a fraction < 1 scales the default
     count = limit_count(limit, DEFAULT_EXAMPLES if limit is None or float(limit) < 1 else int(float(limit)))
     seed = getattr(options, "seed", None)

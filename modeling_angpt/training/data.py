@@ -244,7 +244,9 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     from ..evaluation.needle_task import NeedleGenerator, filler_from_blocks
 
     metadata = Path(recipe.init_from or "") / "training_metadata.json"
-    trained_at = json.loads(metadata.read_text())["recipe"]["block_size"] if recipe.init_from and metadata.is_file() else None
+    trained_at = None
+    if recipe.init_from and metadata.is_file():
+        trained_at = json.loads(metadata.read_text())["recipe"]["block_size"]
     if trained_at is not None and trained_at != recipe.block_size:
         raise ValueError(f"recipe key block_size={recipe.block_size} differs from the training length {trained_at} of "
                          f"init_from={recipe.init_from}; needle fine-tuning trains at the model's own context length")
