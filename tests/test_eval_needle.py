@@ -12,8 +12,8 @@ from evallong_fixtures import tiny_checkpoint  # noqa: F401 (fixture)
 from training_fixtures import data_cache, single_thread  # noqa: F401 (fixtures)
 
 from modeling_angpt.evaluation import needle
-from modeling_angpt.evaluation.needle_task import (QUESTION, NeedleGenerator, filler_from_blocks, score_answer,
-                                                   training_features)
+from modeling_angpt.evaluation.needle_task import (QUESTION, NeedleGenerator, check_room, filler_from_blocks,
+                                                   minimum_length, score_answer, training_features)
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_LENGTH = 192  # three needles, question and answer take ~176 tokens of the tests' 512-token BPE
@@ -92,12 +92,13 @@ def test_generator_places_three_needles_where_it_says(generator, length):
 def test_generator_refuses_a_length_without_room_for_the_needles(generator):
     with pytest.raises(ValueError, match=r"a needle example needs at least \d+ tokens .* length 64 is too short"):
         generator[0].example(64, 0, 0)
-    minimum = generator[0].minimum_length()
+    tokenizer = generator[1]
+    minimum = minimum_length(tokenizer)
     assert 150 < minimum <= TRAIN_LENGTH
-    generator[0].check_length(minimum)
+    check_room(tokenizer, minimum)
     with pytest.raises(ValueError, match=rf"needle examples take up to {minimum} tokens before any filler .*; "
                                          rf"block_size {minimum - 1} is too short"):
-        generator[0].check_length(minimum - 1, "block_size")
+        check_room(tokenizer, minimum - 1, "block_size")
 
 
 def options(**values):
@@ -105,7 +106,8 @@ def options(**values):
     return argparse.Namespace(**{**base, **values})
 
 
-def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkpoint, data_cache, tmp_path):  # noqa: F811
+def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkpoint, data_cache,  # noqa: F811
+                                                                     tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from modeling_angpt.training import load_recipe, train
@@ -145,6 +147,14 @@ def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkp
     assert sample["tokens"] <= 16 * TRAIN_LENGTH and sample["acc"] == score_answer(
         sample["answer"], *zip(*(pair.split("=") for pair in sample["target"].split(";"))))
     assert "| 16× |" in (tmp_path / "out" / "needle.md").read_text()
+
+
+def test_suite_refuses_a_training_length_without_room_before_loading_the_model(tiny_checkpoint):  # noqa: F811
+    directory = tiny_checkpoint(TRAIN_LENGTH)
+    needle.preflight(directory, options())
+    with pytest.raises(ValueError, match=r"needle examples take up to \d+ tokens before any filler .*; "
+                                         r"--lengths 1: 1 × 64 = 64 is too short"):
+        needle.preflight(directory, options(train_length=64, lengths="1,4"))
 
 
 def test_needle_recipe_refuses_another_length_than_the_checkpoints(tiny_checkpoint, data_cache, tmp_path):  # noqa: F811

@@ -103,25 +103,29 @@ def length_generalisation(model, ids, train_length: int, multiples=DEFAULT_MULTI
     return report
 
 
-def plot_loss_vs_position(report: LengthReport, path: Path, title: str = "") -> Path:
-    """Loss against target position (log x), one curve per multiple, averaged over bins of L/8 positions."""
+def plot_loss_vs_position(report: LengthReport, path: Path, title: str = "", bins_per_octave: int = 4) -> Path:
+    """Loss against target position (log x), one curve per multiple, averaged over bins of positions at least L/8
+    wide and growing geometrically (`bins_per_octave` per doubling), so few windows still draw a readable curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    width = max(1, report.train_length // 8)
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for multiple in sorted(report.position_loss):
-        losses = report.position_loss[multiple]
-        bins = len(losses) // width
-        means = losses[: bins * width].reshape(bins, width).mean(1) if bins else losses[None].mean(1)
-        centres = (np.arange(len(means)) + 0.5) * width + 1
-        ax.plot(centres, means, label=f"{multiple}× ({multiple * report.train_length} tokens)")
+        losses = report.position_loss[multiple]  # entry j: target position j + 1
+        edges = [1]
+        while edges[-1] < len(losses) + 1:
+            grown = max(edges[-1] + max(1, report.train_length // 8), round(edges[-1] * 2 ** (1 / bins_per_octave)))
+            edges.append(min(len(losses) + 1, grown))
+        edges = np.array(edges)
+        means = [losses[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])]
+        ax.plot(np.sqrt(edges[:-1] * (edges[1:] - 1)), means, marker=".",
+                label=f"{multiple}× ({multiple * report.train_length} tokens)")
     ax.axvline(report.train_length, color="grey", linestyle="--", linewidth=1, label="training length")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the window (tokens)")
-    ax.set_ylabel(f"validation loss (mean over bins of {width})")
+    ax.set_ylabel("validation loss (binned)")
     ax.set_title(title or f"loss against position, trained at {report.train_length} tokens")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

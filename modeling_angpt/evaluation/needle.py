@@ -14,7 +14,7 @@ import torch
 
 from .long_context import (held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for, suite_lengths,
                            training_length)
-from .needle_task import MAX_NEW_TOKENS, NeedleGenerator, filler_from_blocks, score_answer
+from .needle_task import MAX_NEW_TOKENS, NeedleGenerator, check_room, filler_from_blocks, score_answer
 
 DEFAULT_MULTIPLES = (1, 4, 16)
 DEFAULT_EXAMPLES = 50  # per length
@@ -38,8 +38,8 @@ def needle_documents(checkpoint: Path, tokenizer, multiple: int, count: int = DE
     train_length = training_length(Path(checkpoint), train_length)
     text, _ = held_out_text(Path(checkpoint), tokenizer, train_length, multiple)
     length = multiple * train_length
+    check_room(tokenizer, length, f"--lengths {multiple}: {multiple} × {train_length} =")
     generator = NeedleGenerator(text, tokenizer)
-    generator.check_length(length, f"--lengths {multiple}: {multiple} × {train_length} =")
     return [example.to_dict() for example in generator.examples(length, count, seed)]
 
 
@@ -60,9 +60,9 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = MAX_NEW
 def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=DEFAULT_MULTIPLES, *,
                     examples: int = DEFAULT_EXAMPLES, seed: int = 0, query_chunk_size: int | None = None) -> dict:
     """{multiple: {"acc", "exact_match", "samples": [...]}} over `examples` needle examples per length."""
-    generator = NeedleGenerator(filler, tokenizer)
     for multiple in multiples:
-        generator.check_length(multiple * train_length, f"--lengths {multiple}: {multiple} × {train_length} =")
+        check_room(tokenizer, multiple * train_length, f"--lengths {multiple}: {multiple} × {train_length} =")
+    generator = NeedleGenerator(filler, tokenizer)
     model.eval()
     results = {}
     for multiple in sorted(set(int(m) for m in multiples)):
@@ -81,7 +81,11 @@ def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=
 
 def preflight(checkpoint: Path, options) -> None:
     """Checks that need no weights (the front door calls it before loading the model): ValueError, one line."""
-    suite_lengths(Path(checkpoint), options, DEFAULT_MULTIPLES)
+    from transformers import AutoTokenizer
+
+    train_length, multiples = suite_lengths(Path(checkpoint), options, DEFAULT_MULTIPLES)
+    check_room(AutoTokenizer.from_pretrained(checkpoint), multiples[0] * train_length,
+                 f"--lengths {multiples[0]}: {multiples[0]} × {train_length} =")
 
 
 def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:

@@ -97,6 +97,23 @@ def _count(tokenizer, text: str) -> int:
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def minimum_length(tokenizer) -> int:
+    """An upper bound on the tokens of the needles, question and answer of any example (the three cities of
+    most tokens, every digit a token of its own): shorter lengths leave no room for filler."""
+    longest = sorted(CITIES, key=lambda c: _count(tokenizer, NEEDLE.format(city=c, number="")))[-3:]
+    needles = sum(_count(tokenizer, NEEDLE.format(city=c, number="")) + 7 + 2 for c in longest)
+    answer = _count(tokenizer, " " + ";".join(f"{c}=" for c in longest) + "\n") + 3 * 8
+    return needles + answer + _count(tokenizer, QUESTION)
+
+
+def check_room(tokenizer, length: int, what: str = "length") -> None:
+    """ValueError (one line) when `length` tokens may not hold three needles, the question and the answer."""
+    minimum = minimum_length(tokenizer)
+    if length < minimum:
+        raise ValueError(f"needle examples take up to {minimum} tokens before any filler (three needles, the "
+                         f"question and the answer); {what} {length} is too short")
+
+
 class NeedleGenerator:
     """Examples over the filler `text` (held-out corpus text), sized in tokens of `tokenizer`."""
 
@@ -108,20 +125,6 @@ class NeedleGenerator:
         # Per-unit token counts (+1 for the joining newline): a close over-estimate of the joined text's count.
         counts = tokenizer(self.units, add_special_tokens=False)["input_ids"]
         self.unit_tokens = [len(ids) + 1 for ids in counts]
-
-    def minimum_length(self) -> int:
-        """An upper bound on the tokens of the needles, question and answer of any example (the three cities of
-        most tokens, every digit a token of its own): shorter lengths leave no room for filler."""
-        longest = sorted(CITIES, key=lambda c: _count(self.tokenizer, NEEDLE.format(city=c, number="")))[-3:]
-        needles = sum(_count(self.tokenizer, NEEDLE.format(city=c, number="")) + 7 + 2 for c in longest)
-        answer = _count(self.tokenizer, " " + ";".join(f"{c}=" for c in longest) + "\n") + 3 * 8
-        return needles + answer + _count(self.tokenizer, QUESTION)
-
-    def check_length(self, length: int, what: str = "length") -> None:
-        minimum = self.minimum_length()
-        if length < minimum:
-            raise ValueError(f"needle examples take up to {minimum} tokens before any filler (three needles, the "
-                             f"question and the answer); {what} {length} is too short")
 
     def example(self, length: int, seed: int, index: int) -> NeedleExample:
         rng = random.Random(f"angpt-needle/{seed}/{index}")  # string seeds hash deterministically across runs

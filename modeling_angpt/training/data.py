@@ -241,7 +241,7 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     """dataset_kind=needle: fine-tuning examples at block_size tokens, the loss on the answer only. Filler text
     comes from the training blocks for training and from the validation blocks for validation, so evaluation
     haystacks (`angpt eval --suite needle` uses the validation blocks) are text the run never trained on."""
-    from ..evaluation.needle_task import NeedleGenerator, filler_from_blocks
+    from ..evaluation.needle_task import NeedleGenerator, check_room, filler_from_blocks
 
     metadata = Path(recipe.init_from or "") / "training_metadata.json"
     trained_at = None
@@ -250,12 +250,12 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     if trained_at is not None and trained_at != recipe.block_size:
         raise ValueError(f"recipe key block_size={recipe.block_size} differs from the training length {trained_at} of "
                          f"init_from={recipe.init_from}; needle fine-tuning trains at the model's own context length")
+    check_room(tokenizer, recipe.block_size, "recipe key block_size")
     n_val = max(1, int(round(recipe.validation_fraction * recipe.needle_examples)))
     datasets = []
     for blocks, size, seed in ((train.blocks, recipe.needle_examples, recipe.data_seed),
                                (val.blocks, n_val, recipe.data_seed + 1)):
         generator = NeedleGenerator(filler_from_blocks(tokenizer, blocks), tokenizer)
-        generator.check_length(recipe.block_size, "recipe key block_size")
         datasets.append(NeedleDataset(generator, tokenizer, recipe.block_size, size, seed))
     info = {**info, "dataset_kind": "needle", "needle_train_examples": recipe.needle_examples,
             "needle_val_examples": n_val}
