@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"angpt export: error: {error}", file=sys.stderr)
         return 1
     print(f"exported folded {report['architecture']} checkpoint to {report['dst']} ({report['dtype']}); "
-          f"self-check passed: max|Δlogit| = {report['max_abs_logit_error']:.3g} against the source, "
-          f"allowed {report['allowed_error']:.3g} ({report['tolerance']:g} x max(1, max|logit|) = "
-          f"{report['tolerance']:g} x {report['logit_scale']:.3g})")
+          f"self-check passed: the reloaded logits differ from the source's by at most "
+          f"{report['max_abs_logit_error']:.3g} (allowed: {report['allowed_error']:.3g} = {report['tolerance']:g} x "
+          f"{report['logit_scale']:.3g}, the largest |logit| or 1)")
     return 0

@@ -2,7 +2,7 @@
 
 Keys use transformers' `TrainingArguments` names wherever one exists (output_dir, learning_rate, ...), so
 a recipe reads the same to a Trainer user. Optimiser keys left unset (None) are filled from the model's
-architecture strategy (`model.architecture_strategy.recipe_defaults`, SPEC.md §1): GPT+ gets AdamW with
+architecture strategy (`model.architecture_strategy.recipe_defaults`, docs/architectures.md): GPT+ gets AdamW with
 weight decay and 20 % warm-up, nGPT/anGPT get Adam without either. Every error names the key.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Recipe:
     disable_tqdm: bool = False             # no progress bar
     dataloader_num_workers: int = 0        # DataLoader worker processes
     # --- not in TrainingArguments ------------------------------------------------------------
-    min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (SPEC §1: 0.01)
+    min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (the papers: 0.01)
     eval_max_batches: int | None = None    # cap validation cost on big corpora
     peak_flops: float | None = None        # per device, for MFU; None = guess from the device
 
