@@ -26,7 +26,9 @@ $(STAMP): setup.cfg pyproject.toml
 venv install: $(STAMP)
 
 # Repeatable: training runs only when DEMO_DIR has no finished model newer than the recipe (rm -r runs/demo to
-# train again); the export replaces its own earlier export; evaluation and generation run every time.
+# train again; --overwrite replaces an unfinished run there), the export only when the model is newer than it
+# (--overwrite replaces the earlier export once the new one passed its self-check); evaluation and generation
+# run every time.
 demo: $(DEMO_DIR)/folded/config.json
 	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --max-batches 8
 	$(VENV)/bin/angpt generate $(DEMO_DIR)/folded --prompt "ROMEO:" --max-new-tokens 60
