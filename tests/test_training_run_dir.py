@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from cli_helpers import angpt, assert_one_line_error, snapshot
 from training_fixtures import TINY, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
@@ -119,4 +118,3 @@ def test_unsupported_data_file_suffix_is_named(tmp_path):
     script.write_text("print('not a corpus')\n")
     with pytest.raises(ValueError, match=r"unsupported file suffix \.py; expected one of"):
         resolve_source(str(script))
-    yaml.safe_dump({})  # (pyyaml is the recipe format; imported here so a missing [train] extra fails loudly)
