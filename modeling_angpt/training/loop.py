@@ -21,7 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
-from .data import build_datasets, needle_datasets, resolve_source
+from . import run_dir
+from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
+from .launch import accelerator_device_kwargs, check_launch_environment, check_process_group, group_peak_flops
 from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
 from .model_setup import apply_constraints, architecture_defaults, build_config, build_model
 from .optim import build_optimizer, build_scheduler
@@ -60,9 +62,12 @@ def make_accelerator(recipe: Recipe):
 
     # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
     # skip-the-consumed-batches resume exact (research/hf-ecosystem.md §3).
-    return Accelerator(mixed_precision="bf16" if recipe.bf16 else "no",
-                       step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
-                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 else "no",
+                              step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
+                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+                              **accelerator_device_kwargs())  # launch.py: CPU-only processes form a gloo group
+    check_process_group(accelerator)
+    return accelerator
 
 
 def batch_stream(accelerator, dataloader, batches_done: int):
@@ -145,13 +150,13 @@ class _Run:
     stream: object = None  # the batch iterator (batch_stream), set when the loop starts
 
 
-def _preflight(recipe: Recipe, resume: bool):
-    """Everything that can be checked cheaply, before any data or model work (so bad inputs fail fast)."""
+def _preflight(recipe: Recipe, resume: bool, overwrite: bool = False):
+    """Everything that can be checked cheaply, before any data or model work (so bad inputs fail fast);
+    the output directory's rules are in run_dir.py (runs never mix)."""
+    check_launch_environment()
     source = resolve_source(recipe.dataset)
     config = build_config(recipe)
-    resume_from = ckpt.latest_checkpoint(Path(recipe.output_dir)) if resume else None
-    if resume and resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoints_root(Path(recipe.output_dir))}")
+    resume_from = run_dir.prepare_output_dir(recipe, config, resume, overwrite)
     return source, config, resume_from
 
 
@@ -198,11 +203,14 @@ def _optimizer_step(run: _Run, step: int) -> tuple[float, float, float]:
     return loss, grad_norm, lr
 
 
-def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = None) -> TrainResult:
-    """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir;
-    `stop_after_steps` ends the run after that step's checkpoint logic without the final save, exactly as
-    a job killed there would (preemption drills and the resume test)."""
-    source, config, resume_from = _preflight(recipe, resume)
+def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = None,
+          overwrite: bool = False) -> TrainResult:
+    """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir (refused if that
+    run's recipe or model config differs); `overwrite` first deletes a previous run there; without either the
+    output_dir must be empty (run_dir.py). `stop_after_steps` ends the run after that step's checkpoint logic
+    without the final save, exactly as a job killed there would (preemption drills and the resume test)."""
+    source, config, resume_from = _preflight(recipe, resume, overwrite)
+    model_config = run_dir.comparable_config(config)
     run = _build(recipe, source, config)
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": []}
@@ -211,8 +219,7 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
         acc.print(f"resumed from {resume_from} at step {state['step']}")
     start_step = state["step"]
     if acc.is_main_process:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
+        run_dir.record_run(output_dir, recipe, model_config)
     logger = MetricsLogger(output_dir, recipe.report_to, acc.is_main_process,
                            resume_step=start_step if resume_from is not None else None)
     try:
@@ -239,7 +246,7 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
     tokens_per_step = (recipe.per_device_train_batch_size * recipe.block_size
                        * recipe.gradient_accumulation_steps * acc.num_processes)
     flops_per_token = training_flops_per_token(run.raw_model, recipe.block_size)
-    peak = device_peak_flops(acc.device, recipe.peak_flops) * acc.num_processes
+    peak = group_peak_flops(acc, device_peak_flops(acc.device, recipe.peak_flops), bool(recipe.peak_flops))
 
     def run_eval(step: int) -> None:
         val = evaluate(acc, run.model, run.val_dl, recipe.eval_max_batches)
@@ -291,14 +298,17 @@ def save_final(accelerator, model, tokenizer, recipe: Recipe, state: dict, data_
         shutil.rmtree(tmp, ignore_errors=True)
         raw.config.use_cache = True
         val = state["val_losses"][-1][1] if state["val_losses"] else None
-        card_info = {"datasets": [data_info["dataset"]], "train_tokens": state["tokens"], "val_loss": val}
+        card_info = {"datasets": [data_info["dataset"]], "train_tokens": state["tokens"], "val_loss": val,
+                     "repo_id": final.name}  # the card names the directory it ends up in, not the temp dir
         raw.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, card_info=card_info)
         tokenizer.save_pretrained(tmp)
         metadata = {"dataset": data_info["dataset"], "tokens_seen": state["tokens"], "steps": state["step"],
                     "final_val_loss": val, "final_train_loss": state["losses"][-1] if state["losses"] else None,
                     "architecture": getattr(raw.config, "architecture", raw.config.model_type),
                     "num_parameters": sum(p.numel() for p in raw.parameters()),
-                    "num_processes": accelerator.num_processes, "data": data_info, "recipe": recipe.to_dict()}
+                    "num_processes": accelerator.num_processes, "data": data_info, "recipe": recipe.to_dict(),
+                    "val_sequences": scored_validation_blocks(  # the subset final_val_loss averages
+                        recipe, data_info.get("val_blocks", recipe.validation_blocks), accelerator.num_processes)}
         (tmp / "training_metadata.json").write_text(json.dumps(metadata, indent=2))
         if final.exists():
             shutil.rmtree(final)

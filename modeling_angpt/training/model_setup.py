@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..tokenization import set_pad_token_id
+
 REPO_PRESETS = Path(__file__).resolve().parents[2] / "configuration" / "presets"
 # Foreign models (e.g. a plain Llama) have no architecture strategy: train them with GPT+'s recipe (SPEC §1.1).
 FALLBACK_DEFAULTS = {"optimizer": "adamw", "weight_decay": 0.1, "warmup_ratio": 0.2, "adam_beta1": 0.9,
@@ -81,6 +83,7 @@ def build_model(recipe, config, tokenizer):
         config.eos_token_id = tokenizer.eos_token_id
         config.bos_token_id = tokenizer.bos_token_id
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    set_pad_token_id(model, tokenizer)  # batched generate() with the saved checkpoint needs no pad_token_id
     if hasattr(model, "apply_weight_constraints"):
         model.apply_weight_constraints()  # the constraint holds from step 0 (SPEC §1.2/§1.3)
     return model

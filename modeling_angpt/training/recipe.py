@@ -2,7 +2,7 @@
 
 Keys use transformers' `TrainingArguments` names wherever one exists (output_dir, learning_rate, ...), so
 a recipe reads the same to a Trainer user. Optimiser keys left unset (None) are filled from the model's
-architecture strategy (`model.architecture_strategy.recipe_defaults`, SPEC.md §1): GPT+ gets AdamW with
+architecture strategy (`model.architecture_strategy.recipe_defaults`, docs/architectures.md): GPT+ gets AdamW with
 weight decay and 20 % warm-up, nGPT/anGPT get Adam without either. Every error names the key.
 """
 from __future__ import annotations
@@ -27,47 +27,47 @@ class Recipe:
     # --- data --------------------------------------------------------------------------------
     dataset: str = "shakespeare"           # "shakespeare", local file(s)/dir, or a Hub dataset name
     dataset_config: str | None = None      # Hub configuration name
-    dataset_split: str = "train"
-    text_column: str = "text"
+    dataset_split: str = "train"           # Hub split to read
+    text_column: str = "text"              # column holding the text (JSON/CSV/parquet/Hub)
     streaming: bool = False                # stream (Hub-scale corpora): tokenise and pack on the fly
     max_corpus_chars: int | None = None    # use only the first N characters (quick runs, tests)
-    block_size: int = 256
-    validation_fraction: float = 0.05
+    block_size: int = 256                  # tokens per training sequence (<= the model's max_position_embeddings)
+    validation_fraction: float = 0.05      # share of the blocks held out for validation
     validation_blocks: int = 64            # streaming only: the first N blocks of the stream are held out
     data_seed: int = 1234                  # fixes the train/validation split independently of `seed`
     tokenizer: str | None = None           # HF tokenizer name/path; None trains a byte-level BPE
-    tokenizer_vocab_size: int = 8192
+    tokenizer_vocab_size: int = 8192       # vocabulary of the trained BPE (tokenizer: None)
     data_cache_dir: str | None = None      # where tokenizer + packed blocks are cached
     dataset_kind: str = "blocks"           # blocks: next-token loss on packed text; needle: needle-in-a-haystack
                                            # examples over the corpus, loss on the answer tokens only
     needle_examples: int = 10000           # needle: training examples (validation: validation_fraction of it)
     # --- transformers.TrainingArguments names --------------------------------------------------
-    output_dir: str = "runs/default"
-    seed: int = 42
-    max_steps: int = 1000
-    per_device_train_batch_size: int = 16
-    per_device_eval_batch_size: int = 16
-    gradient_accumulation_steps: int = 1
-    learning_rate: float = 1e-3
-    weight_decay: float | None = None
-    warmup_ratio: float | None = None
+    output_dir: str = "runs/default"       # the run's directory: checkpoints/, final/, metrics (one run each)
+    seed: int = 42                         # initial weights and batch order
+    max_steps: int = 1000                  # optimiser steps; may change on --resume
+    per_device_train_batch_size: int = 16  # sequences per process per micro-batch
+    per_device_eval_batch_size: int = 16   # sequences per process per validation batch
+    gradient_accumulation_steps: int = 1   # micro-batches per optimiser step
+    learning_rate: float = 1e-3            # peak learning rate
+    weight_decay: float | None = None      # decoupled, matrices only (GPT+: 0.1, nGPT/anGPT: 0)
+    warmup_ratio: float | None = None      # share of max_steps with linear warm-up (GPT+: 0.2, others: 0)
     lr_scheduler_type: str | None = None   # cosine | linear | constant
-    adam_beta1: float | None = None
-    adam_beta2: float | None = None
-    adam_epsilon: float | None = None
-    max_grad_norm: float | None = None
+    adam_beta1: float | None = None        # Adam β1 (0.9)
+    adam_beta2: float | None = None        # Adam β2 (0.95)
+    adam_epsilon: float | None = None      # Adam ε (1e-9)
+    max_grad_norm: float | None = None     # gradient clipping (1.0)
     optim: str | None = None               # adamw (Adam when weight_decay == 0)
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    logging_steps: int = 10
-    eval_steps: int = 100
-    save_steps: int = 500
-    save_total_limit: int | None = 2
-    report_to: list = field(default_factory=lambda: ["tensorboard", "jsonl"])
-    disable_tqdm: bool = False
-    dataloader_num_workers: int = 0
+    bf16: bool = False                     # bfloat16 autocast (CPU and GPU)
+    gradient_checkpointing: bool = False   # recompute activations in backward (less memory)
+    logging_steps: int = 10                # log loss, learning rate, tokens/s, MFU every N steps
+    eval_steps: int = 100                  # validation loss every N steps and at the end; 0 = never
+    save_steps: int = 500                  # checkpoint every N steps (and at the end); 0 = only at the end
+    save_total_limit: int | None = 2       # keep the newest N checkpoints; None or 0 keeps all
+    report_to: list = field(default_factory=lambda: ["tensorboard", "jsonl"])  # tensorboard, jsonl, none
+    disable_tqdm: bool = False             # no progress bar
+    dataloader_num_workers: int = 0        # DataLoader worker processes
     # --- not in TrainingArguments ------------------------------------------------------------
-    min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (SPEC §1: 0.01)
+    min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (the papers: 0.01)
     eval_max_batches: int | None = None    # cap validation cost on big corpora
     peak_flops: float | None = None        # per device, for MFU; None = guess from the device
 

@@ -1,0 +1,157 @@
+"""One run per output directory: what a run owns there, when a new run may start in it, and when a run may
+be resumed from it.
+
+A training run writes, under its `output_dir`, only the entries of `RUN_LAYOUT` (recipe.json and
+model_config.json first, then metrics, TensorBoard events, checkpoints/, final/, the loss curve). Runs never mix:
+
+- a new run needs an empty (or absent) `output_dir`;
+- `overwrite=True` (`angpt train --overwrite`) first deletes a previous run's entries, and only when the
+  directory is recognisably a run directory (it has recipe.json); other files in it are left alone, and a
+  non-empty directory that is not a run directory is refused, so a typo in `output_dir` cannot delete data;
+- `resume=True` (`angpt train --resume`) continues the newest checkpoint only if the command's recipe and
+  model config are those of the run that wrote it. Keys that only steer the run's bookkeeping or speed may
+  differ (`RESUMABLE_KEYS`): `max_steps` (continue further, or stop earlier; the learning-rate schedule is
+  recomputed for the new length, so a cosine schedule is stretched from the resumed step on), logging,
+  evaluation and checkpoint frequencies, `bf16`, `gradient_checkpointing`, the data cache location and
+  similar. Any other difference is refused, naming each differing key.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from . import checkpoint as ckpt
+
+RECIPE_FILE = "recipe.json"
+MODEL_CONFIG_FILE = "model_config.json"
+RUN_LAYOUT = (RECIPE_FILE, MODEL_CONFIG_FILE, "metrics.jsonl", "loss_curve.png", "tensorboard", "checkpoints",
+              "final", ".tmp_final")
+RESUMABLE_KEYS = frozenset({
+    "output_dir", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit", "report_to",
+    "disable_tqdm", "dataloader_num_workers", "eval_max_batches", "per_device_eval_batch_size", "peak_flops",
+    "data_cache_dir", "bf16", "gradient_checkpointing"})
+RESUMABLE_PREFIXES = ("torch_compile",)  # compilation settings change speed, not the math
+# Config fields that follow from the tokenizer (compared through the recipe) or from the library version.
+IGNORED_CONFIG_KEYS = frozenset({"vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version",
+                                 "_name_or_path", "architectures", "dtype", "torch_dtype", "use_cache"})
+
+
+class RunDirError(ValueError):
+    """The output directory cannot be used as asked; nothing was changed in it."""
+
+
+def _is_main_rank() -> bool:
+    """Before accelerate starts, the launcher's RANK tells which process may change the directory."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _entries(path: Path) -> list[str]:
+    return sorted(os.listdir(path)) if path.is_dir() else []
+
+
+def _shown(names: list[str], limit: int = 4) -> str:
+    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def filled_recipe(recipe, config) -> dict:
+    """The recipe as a run records it: optimiser keys left unset take the architecture's values."""
+    from .model_setup import FALLBACK_DEFAULTS
+
+    defaults = FALLBACK_DEFAULTS
+    if getattr(config, "model_type", None) == "angpt":
+        from ..architectures_angpt import get_architecture
+
+        defaults = get_architecture(config).recipe_defaults
+    return recipe.with_architecture_defaults(dict(defaults)).to_dict()
+
+
+def _as_json(values: dict) -> dict:
+    """As a JSON file holds it (tuples become lists, integer keys strings), so recorded and new values compare."""
+    return json.loads(json.dumps(values, default=str))
+
+
+def comparable_config(config) -> dict:
+    return _as_json({k: v for k, v in config.to_dict().items() if k not in IGNORED_CONFIG_KEYS})
+
+
+def _differences(before: dict, after: dict, resumable=lambda key: False) -> list[str]:
+    before, after = _as_json(before), _as_json(after)
+    keys = sorted(set(before) | set(after))
+    return [f"{k}: {before.get(k)!r} there, {after.get(k)!r} here" for k in keys
+            if not resumable(k) and before.get(k) != after.get(k)]
+
+
+def _resumable(key: str) -> bool:
+    return key in RESUMABLE_KEYS or key.startswith(RESUMABLE_PREFIXES)
+
+
+def check_resume(output_dir: Path, recipe, config) -> Path:
+    """The checkpoint to resume from, after checking that it belongs to this recipe and model config."""
+    resume_from = ckpt.latest_checkpoint(output_dir)
+    if resume_from is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {ckpt.checkpoints_root(output_dir)}")
+    recorded = output_dir / RECIPE_FILE
+    if not recorded.is_file():
+        raise RunDirError(f"--resume: {output_dir} has checkpoints but no {RECIPE_FILE}, so the run that wrote "
+                          "them cannot be checked against this recipe; start a new run in another output_dir")
+    from .recipe import Recipe
+
+    before = json.loads(recorded.read_text())
+    # A key a newer library added and the older run lacks counts as its default value there.
+    defaults = Recipe().to_dict()
+    before = {**{k: v for k, v in defaults.items() if k not in before}, **before}
+    problems = _differences(before, filled_recipe(recipe, config), _resumable)
+    recorded_config = output_dir / MODEL_CONFIG_FILE
+    if recorded_config.is_file():
+        problems += [f"model config {p}" for p in
+                     _differences(json.loads(recorded_config.read_text()), comparable_config(config))]
+    if problems:
+        raise RunDirError(f"--resume: {resume_from} was written by a different run ({'; '.join(problems)}); "
+                          "resume with that run's recipe, or start over with --overwrite or another output_dir")
+    return resume_from
+
+
+def prepare_output_dir(recipe, config, resume: bool = False, overwrite: bool = False) -> Path | None:
+    """Check (and with `overwrite`, clear) the run's output_dir before any data or model work; returns the
+    checkpoint to resume from (None for a new run). Raises RunDirError naming the directory and what to do."""
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
+    output_dir = Path(recipe.output_dir)
+    if resume:
+        return check_resume(output_dir, recipe, config)
+    if check_new_run_dir(output_dir, overwrite) and _is_main_rank():
+        for name in RUN_LAYOUT:
+            path = output_dir / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+    return None
+
+
+def check_new_run_dir(output_dir: Path, overwrite: bool = False) -> bool:
+    """May a new run start in `output_dir`? Raises RunDirError if not; True when a previous run must first be
+    deleted (`overwrite`). Changes nothing."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise RunDirError(f"output_dir {output_dir} exists and is not a directory")
+    entries = _entries(output_dir)
+    if not entries:
+        return False
+    if not overwrite:
+        raise RunDirError(f"output_dir {output_dir} is not empty ({_shown(entries)}); pass --resume to continue "
+                          "the run there, --overwrite to replace it, or choose another output_dir")
+    if RECIPE_FILE not in entries:
+        raise RunDirError(f"output_dir {output_dir} is not empty ({_shown(entries)}) and is not an angpt run "
+                          f"directory (no {RECIPE_FILE}); --overwrite replaces only a previous run: choose "
+                          "another output_dir")
+    return True
+
+
+def record_run(output_dir: Path, recipe, model_config: dict) -> None:
+    """recipe.json and model_config.json (`comparable_config` of the config the recipe built): what a later
+    --resume is checked against. Main process only."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / RECIPE_FILE).write_text(json.dumps(recipe.to_dict(), indent=2))
+    (output_dir / MODEL_CONFIG_FILE).write_text(json.dumps(model_config, indent=2, default=str))

@@ -1,0 +1,100 @@
+"""The `angpt` command line as a newcomer meets it: one-line errors without tracebacks, validated before anything
+is loaded; fast and complete help; --version."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from cli_helpers import ENTRY, REPO, angpt, assert_one_line_error, cli_env, snapshot
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tiny training-form checkpoint with a tokenizer (no pad token: an old-style checkpoint)."""
+    from test_export import save_source, write_tokenizer
+
+    from modeling_angpt import AnGPTConfig
+
+    path = tmp_path_factory.mktemp("cli") / "ckpt"
+    torch.manual_seed(0)
+    config = lambda arch, **kw: AnGPTConfig(**{**dict(vocab_size=300, hidden_size=32, num_hidden_layers=2,  # noqa: E731
+                                                    num_attention_heads=4, max_position_embeddings=64,
+                                                    architecture=arch), **kw})
+    save_source(path, config, "angpt")
+    write_tokenizer(path)
+    return path
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((), ["angpt: error:", "COMMAND"]),
+    (("fit",), ["angpt: error:", "invalid choice: 'fit'"]),
+    (("generate", "{ckpt}", "--max-new-tokens", "-5"), ["--max-new-tokens", "expected an integer >= 1, got -5"]),
+    (("generate", "{ckpt}", "--max-new-tokens", "0"), ["--max-new-tokens", "expected an integer >= 1, got 0"]),
+    (("generate", "{ckpt}", "--temperature", "-1"), ["--temperature", "expected a number >= 0, got -1"]),
+    (("generate", "{ckpt}", "--top-k", "3"), ["--top-k applies to sampling only"]),
+    (("generate", "{tmp}/missing"), ["checkpoint", "missing: no such directory"]),
+    (("export", "{tmp}/missing", "{tmp}/out"), ["SRC", "missing: no such checkpoint directory"]),
+    (("export", "{ckpt}", "{tmp}/out", "--tolerance", "0"), ["--tolerance", "expected a number > 0"]),
+    (("export", "{ckpt}", "{tmp}/notes"), ["DST", "notes exists and is not empty", "--overwrite"]),
+    (("export", "{ckpt}", "{tmp}/notes", "--overwrite"), ["DST", "is not a checkpoint (no config.json)"]),
+    (("export", "{ckpt}", "{ckpt}/.."), ["DST", "is the source checkpoint or contains it"]),
+    (("train", "{tmp}/nope.yaml"), ["angpt train: error: recipe file not found:", "nope.yaml"]),
+    (("train", "{recipe}", "--resume", "--overwrite"), ["--overwrite: not allowed with argument --resume"]),
+    (("train", "{recipe}", "-o", "learning_rat=1"), ["unknown recipe key 'learning_rat'", "learning_rate"]),
+])
+def test_cli_errors_are_one_line_before_any_work(args, expected, checkpoint, tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep me")
+    (tmp_path / "recipe.yaml").write_text(f"output_dir: {tmp_path / 'run'}\n")
+    args = [a.format(ckpt=checkpoint, tmp=tmp_path, recipe=tmp_path / "recipe.yaml") for a in args]
+    before, source_before = snapshot(tmp_path), snapshot(checkpoint)
+    started = time.perf_counter()
+    proc = angpt(*args)
+    assert_one_line_error(proc, *expected)
+    assert snapshot(tmp_path) == before and snapshot(checkpoint) == source_before   # nothing created or deleted
+    assert time.perf_counter() - started < 30   # rejected before loading a model
+
+
+def test_help_is_fast_complete_and_imports_nothing_heavy():
+    script = ("import sys, time, angpt_cli\n"
+              "for argv in (['--help'], ['train', '--help'], ['export', '--help'], ['generate', '--help']):\n"
+              "    try:\n        angpt_cli.main(argv)\n    except SystemExit as e:\n        assert e.code == 0\n"
+              "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))\n")
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=cli_env())
+    elapsed = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "HEAVY []" in proc.stdout          # --help imports neither torch nor transformers
+    assert elapsed < 10, elapsed               # about 0.2 s; the package import alone takes seconds
+    out = proc.stdout
+    assert out.startswith("usage: angpt") and "Train, export, evaluate and sample" in out
+    assert "thin dispatcher" not in out       # no internal docstring in the user's help
+    # train --help lists every recipe key with its meaning (from training/recipe.py)
+    from modeling_angpt.training.recipe import Recipe
+    import dataclasses
+    for field in dataclasses.fields(Recipe):
+        assert re.search(rf"^    {field.name} \(", out, re.M), field.name
+    assert "learning_rate (1e-3): peak learning rate" in out
+    assert "eval_steps (100): validation loss every N steps and at the end; 0 = never" in out
+
+
+@pytest.mark.parametrize("command", ["train", "export", "generate"])
+def test_every_option_has_help_text(command):
+    from modeling_angpt.cli import build_parser
+
+    parser = build_parser(command)
+    sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)).choices[command]
+    missing = [a.dest for a in sub._actions if not a.help]
+    assert not missing, f"angpt {command}: options without help: {missing}"
+    assert all(a.help for a in parser._actions if a.dest != "command")
+
+
+def test_version():
+    proc = subprocess.run([sys.executable, "-c", ENTRY, "--version"], capture_output=True, text=True, timeout=60,
+                          cwd=REPO, env=cli_env())
+    assert proc.returncode == 0 and re.fullmatch(r"angpt \S+.*\n", proc.stdout), proc.stdout + proc.stderr
