@@ -13,6 +13,8 @@ COMMANDS = {
     "export": ("modeling_angpt.export_command", "fold the constants into the weights (inference form)"),
     "eval": ("modeling_angpt.evaluation.command", "evaluate a checkpoint"),
     "generate": ("modeling_angpt.generate_command", "generate text from a checkpoint"),
+    "semantic-focus": ("modeling_angpt.commands.semantic_focus",
+                       "semantic-focus paper's protocol on one task and attention configuration"),
 }
 
 
