@@ -1,5 +1,6 @@
-"""`angpt semantic-focus`: the semantic-focus paper's protocol (Ram et al., SPEC §4) on one task and one attention
-configuration. A thin layer over `modeling_angpt.evaluation.semantic_focus.run_protocol`.
+"""`angpt semantic-focus`: train the semantic-focus paper's model on one task with one attention configuration.
+
+The protocol of Ram et al. (SPEC §4); a thin layer over `modeling_angpt.evaluation.semantic_focus.run_protocol`.
 
     angpt semantic-focus --task even_pairs --attention-sparsity topk --attention-topk 5 --output-dir runs/ep-topk
 """
