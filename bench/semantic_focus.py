@@ -117,6 +117,7 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     figure, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6), squeeze=False)
     for column, task in enumerate(tasks):
@@ -137,6 +138,7 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
         for row, name in enumerate(("train accuracy", "held-out accuracy")):
             axes[row][column].set(title=f"{task}" if row == 0 else None, xlabel="epoch", ylabel=name, ylim=(0, 1.02))
             axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
+            axes[row][column].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].legend(fontsize=8)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
