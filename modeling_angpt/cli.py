@@ -21,6 +21,8 @@ COMMANDS = {
     "export": ("modeling_angpt.commands.export", "fold the constants into the weights (inference form)"),
     "eval": ("modeling_angpt.evaluation.command", "evaluate a checkpoint"),
     "generate": ("modeling_angpt.commands.generate", "generate text from a checkpoint"),
+    "semantic-focus": ("modeling_angpt.commands.semantic_focus",
+                       "semantic-focus paper's protocol on one task and attention configuration"),
 }
 # What an ImportError of an optional dependency means for the user.
 EXTRAS = {"accelerate": "train", "datasets": "train", "tensorboard": "train", "tqdm": "train", "yaml": "train",

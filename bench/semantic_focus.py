@@ -1,0 +1,248 @@
+#!/usr/bin/env python
+"""Semantic focus (Ram et al., SPEC §5): full vs top-k (k=5) vs window (5) vs block (5) attention on Even Pairs,
+Parity and ListOps with the paper's protocol (`angpt semantic-focus`: bidirectional classifier, mean pooling,
+SGD + StepLR, batch 25, clip 0.5), several seeds. Reports the first epoch with ≥ 95 % training accuracy (the
+paper's convergence criterion) and the held-out accuracy, writes its section of bench/RESULTS.md and
+bench/plots/semantic_focus*.png. The paper: top-k converges faster than full attention; window and block do not.
+
+Profiles (sizes per task are in PROFILES below):
+    python bench/semantic_focus.py            # default: 3 seeds, about two hours on 2 CPU cores
+    python bench/semantic_focus.py --quick    # 1 seed, smaller sets and budgets: minutes
+    python bench/semantic_focus.py --paper --device cuda   # the paper's sizes and epoch budgets (GPU)
+On CPU the default cannot afford the paper's budgets (Parity 1000 epochs, ListOps 200 epochs of 5000
+sequences of 501–599 tokens): it caps the epochs and runs a shorter ListOps (documented in the section).
+Finished runs are reused from --output-dir (summary.json), so an interrupted run continues where it stopped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent))
+
+VARIANTS = {
+    "full": {"attention_sparsity": "none"},
+    "topk": {"attention_sparsity": "topk", "attention_topk": 5},
+    "window": {"attention_sparsity": "window", "attention_window": 5},
+    "block": {"attention_sparsity": "block", "attention_block_size": 5},
+}
+TASKS = ("even_pairs", "parity", "listops")
+# per task: n_train, n_heldout, epochs, task kwargs (ListOps lengths)
+PROFILES = {
+    "paper": {"seeds": 3, "even_pairs": (5000, 2000, 100, {}), "parity": (5000, 2000, 1000, {}),
+              "listops": (5000, 2000, 200, {"min_length": 501, "max_length": 599})},
+    "default": {"seeds": 3, "even_pairs": (5000, 2000, 15, {}), "parity": (5000, 2000, 15, {}),
+                "listops": (1000, 400, 8, {"min_length": 101, "max_length": 199})},
+    "quick": {"seeds": 1, "even_pairs": (2000, 500, 6, {}), "parity": (2000, 500, 6, {}),
+              "listops": (300, 100, 4, {"min_length": 51, "max_length": 99})},
+    "smoke": {"seeds": 1, "even_pairs": (40, 20, 1, {}), "parity": (40, 20, 1, {}),
+              "listops": (20, 10, 1, {"min_length": 21, "max_length": 40})},
+}
+
+
+def one_run(job: dict) -> dict:
+    """One (task, variant, seed) in a worker process; reuses a finished run's summary."""
+    import torch
+
+    from modeling_angpt.evaluation.semantic_focus import run_protocol
+
+    out = pathlib.Path(job["output_dir"])
+    if (out / "summary.json").exists() and (out / "metrics.jsonl").exists():
+        summary = json.loads((out / "summary.json").read_text())
+        summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return {**job, **summary}
+    if (out / "metrics.jsonl").exists():  # an interrupted run: start it again
+        (out / "metrics.jsonl").unlink()
+    torch.set_num_threads(job["threads"])
+    summary = run_protocol(job["task"], out, seed=job["seed"], epochs=job["epochs"], n_train=job["n_train"],
+                           n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],
+                           stop_at_train_acc=job["stop_at"], save_model=False, tensorboard=False, plot_every=0,
+                           log=lambda line: print(line, flush=True) if job["verbose"] else None,
+                           **VARIANTS[job["variant"]])
+    return {**job, **summary}
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def summarise(runs: list[dict], tasks, variants) -> dict:
+    table = {}
+    for task in tasks:
+        for variant in variants:
+            rows = [r for r in runs if r["task"] == task and r["variant"] == variant]
+            reached = [r["epochs_to_95"] for r in rows if r["epochs_to_95"] is not None]
+            table[task, variant] = {
+                "seeds": len(rows), "reached": len(reached), "epochs_to_95": [r["epochs_to_95"] for r in rows],
+                # a seed that never reached 95 % counts as "budget + 1" for the median (a lower bound)
+                "median_epochs": _median([r["epochs_to_95"] or r["epochs_budget"] + 1 for r in rows]),
+                "heldout_final": _median([r["final"]["heldout_acc"] for r in rows]),
+                "heldout_best": _median([r["best_heldout_acc"] for r in rows]),
+                "train_final": _median([r["final"]["train_acc"] for r in rows])}
+    return table
+
+
+def verdict(table, task, budget) -> str:
+    full, topk = table[task, "full"], table[task, "topk"]
+    fixed = [table[task, v] for v in ("window", "block") if (task, v) in table]
+    if not full["reached"] and not topk["reached"]:
+        return f"neither full nor top-k reached 95 % within {budget} epochs: no verdict"
+    faster = topk["median_epochs"] < full["median_epochs"]
+    text = (f"top-k {'faster than' if faster else 'not faster than'} full (median epochs to 95 %: "
+            f"{_fmt_epochs(topk, budget)} vs {_fmt_epochs(full, budget)})")
+    if fixed:
+        text += "; window/block " + ("reached 95 % in some seeds" if any(f["reached"] for f in fixed)
+                                     else "never reached 95 %")
+    return text
+
+
+def _fmt_epochs(cell, budget) -> str:
+    if not cell["reached"]:
+        return f">{budget}"
+    return f"{cell['median_epochs']:g}" + ("" if cell["reached"] == cell["seeds"] else f" ({cell['reached']}/{cell['seeds']} seeds)")
+
+
+def plot(runs, tasks, variants, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    figure, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6), squeeze=False)
+    for column, task in enumerate(tasks):
+        for variant in variants:
+            histories = [r["history"] for r in runs if r["task"] == task and r["variant"] == variant]
+            if not histories:
+                continue
+            for row, key in enumerate(("train_acc", "heldout_acc")):
+                longest = max(len(h) for h in histories)
+                # runs stopped early keep their last value (they had converged)
+                curves = [[h[min(e, len(h) - 1)][key] for e in range(longest)] for h in histories]
+                epochs = list(range(1, longest + 1))
+                median = [statistics.median(c[e] for c in curves) for e in range(longest)]
+                line, = axes[row][column].plot(epochs, median, label=variant, marker=".")
+                axes[row][column].fill_between(epochs, [min(c[e] for c in curves) for e in range(longest)],
+                                               [max(c[e] for c in curves) for e in range(longest)],
+                                               color=line.get_color(), alpha=0.15)
+        for row, name in enumerate(("train accuracy", "held-out accuracy")):
+            axes[row][column].set(title=f"{task}" if row == 0 else None, xlabel="epoch", ylabel=name, ylim=(0, 1.02))
+            axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
+            axes[row][column].xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    import torch
+
+    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}, torch {torch.__version__}"
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    profile = parser.add_mutually_exclusive_group()
+    profile.add_argument("--quick", action="store_true", help="1 seed, small sets, a few epochs (minutes)")
+    profile.add_argument("--paper", action="store_true", help="the paper's sizes and epoch budgets (for a GPU)")
+    profile.add_argument("--smoke", action="store_true", help="seconds: for the test suite")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--seeds", type=int, default=None, help="override the profile's number of seeds")
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--epochs", type=int, default=None, help="override every task's epoch budget")
+    parser.add_argument("--stop-at", type=float, default=0.99,
+                        help="end a run once training accuracy reaches this (0.95 criterion unaffected); 0: never")
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
+    parser.add_argument("--output-dir", default=None, help="default runs/semantic_focus-<profile>")
+    parser.add_argument("--no-write", action="store_true", help="leave RESULTS.md and bench/plots alone")
+    parser.add_argument("--verbose", action="store_true", help="print every epoch of every run")
+    args = parser.parse_args(argv)
+
+    name = "quick" if args.quick else "paper" if args.paper else "smoke" if args.smoke else "default"
+    settings = PROFILES[name]
+    tasks, variants = args.tasks.split(","), args.variants.split(",")
+    seeds = args.seeds or settings["seeds"]
+    output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}")
+    jobs = []
+    for task in tasks:
+        n_train, n_heldout, epochs, task_kwargs = settings[task]
+        for seed in range(seeds):
+            for variant in variants:
+                jobs.append(dict(task=task, variant=variant, seed=seed, n_train=n_train, n_heldout=n_heldout,
+                                 epochs=args.epochs or epochs, task_kwargs=task_kwargs, device=args.device,
+                                 stop_at=args.stop_at or None, threads=args.threads, verbose=args.verbose,
+                                 output_dir=str(output_dir / task / variant / f"seed{seed}")))
+    started = time.time()
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            runs = list(pool.map(one_run, jobs))
+    else:
+        runs = [one_run(job) for job in jobs]
+    wall = time.time() - started
+    (output_dir / "runs.json").write_text(json.dumps(runs, indent=1))
+    table = summarise(runs, tasks, variants)
+
+    command = "python bench/semantic_focus.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    lines = [f"## Semantic focus: full vs top-k vs window vs block attention ({name} profile)", "",
+             f"`{command.strip()}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
+             f"thread(s) each, {wall / 60:.1f} min wall clock.", "",
+             "Protocol (`angpt semantic-focus`, SPEC §4): bidirectional GPT+ classifier without QK-norm, mean "
+             "pooling, 5 blocks (ListOps 10), d 64, MLP 64, 1 head, attention dropout 0.01, RoPE; SGD batch 25, "
+             "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
+             + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
+             "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]
+    paper_epochs = {t: PROFILES["paper"][t][2] for t in TASKS}
+    for task in tasks:
+        n_train, n_heldout, epochs, kw = settings[task]
+        length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"
+        lines.append(f"| {task} | {n_train} / {n_heldout} | {length} | {args.epochs or epochs} ({paper_epochs[task]}) | "
+                     f"{seeds} |")
+    lines += ["", "Epochs to ≥ 95 % training accuracy (median over seeds, a seed that never reached it counted as budget + 1; – = not reached) and "
+              "held-out accuracy (median over seeds: at the last epoch run / best epoch).", "",
+              "| task | variant | epochs to 95 % | per seed | held-out acc (last / best) | train acc (last) |",
+              "|---|---|---|---|---|---|"]
+    for task in tasks:
+        budget = args.epochs or settings[task][2]
+        for variant in variants:
+            cell = table[task, variant]
+            per_seed = ", ".join("–" if e is None else str(e) for e in cell["epochs_to_95"])
+            lines.append(f"| {task} | {variant} | {_fmt_epochs(cell, budget)} | {per_seed} | "
+                         f"{cell['heldout_final']:.3f} / {cell['heldout_best']:.3f} | {cell['train_final']:.3f} |")
+    if "full" in variants and "topk" in variants:
+        lines += ["", "Against the paper's claim (top-k learns faster than full; fixed patterns do not):", ""]
+        lines += [f"- {task}: {verdict(table, task, args.epochs or settings[task][2])}" for task in tasks]
+    plot_name = f"semantic_focus{'' if name == 'default' else '_' + name}.png"
+    lines += ["", f"![median accuracy per epoch with min–max band over seeds](plots/{plot_name})"]
+    section = "\n".join(line for line in lines if line is not None)
+    print(section)
+    if args.no_write:
+        plot(runs, tasks, variants, output_dir / plot_name)
+    else:
+        from results_file import update_section
+
+        plot(runs, tasks, variants, HERE / "plots" / plot_name)
+        update_section(f"semantic_focus{'' if name == 'default' else '_' + name}", section)
+    return {"runs": runs, "table": table, "section": section}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""`angpt semantic-focus`: train the semantic-focus paper's model on one task with one attention configuration.
+
+The protocol of Ram et al. (SPEC §4); a thin layer over `modeling_angpt.evaluation.semantic_focus.run_protocol`.
+
+    angpt semantic-focus --task even_pairs --attention-sparsity topk --attention-topk 5 --output-dir runs/ep-topk
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+TASK_NAMES = ("even_pairs", "parity", "cycle_navigation", "modular_arithmetic", "stack_manipulation",
+              "missing_duplicates", "solve_equation", "listops")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument("--task", required=True, choices=TASK_NAMES)
+    parser.add_argument("--output-dir", required=True, help="where metrics.jsonl, curves.png, tensorboard/ and the "
+                        "model go; a directory that already holds results is refused")
+    parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
+    parser.add_argument("--epochs", type=int, default=None, help="default: the paper's budget for the task")
+    parser.add_argument("--n-train", type=int, default=5000)
+    parser.add_argument("--n-heldout", type=int, default=2000)
+    parser.add_argument("--lr", type=float, default=None, help="default: 0.1 (ListOps 1.0)")
+    parser.add_argument("--gamma", type=float, default=None, help="StepLR factor per epoch; default 0.9995 (ListOps 0.99)")
+    parser.add_argument("--batch-size", type=int, default=25)
+    parser.add_argument("--grad-clip", type=float, default=0.5, help="gradient-norm clip (0: none)")
+    parser.add_argument("--stop-at-train-acc", type=float, default=None, help="end early at this training accuracy")
+    attention = parser.add_argument_group("attention (SPEC §3)")
+    attention.add_argument("--attention-sparsity", default="none", choices=("none", "topk", "window", "block"))
+    attention.add_argument("--attention-topk", type=int, default=5)
+    attention.add_argument("--attention-window", type=int, default=5)
+    attention.add_argument("--attention-block-size", type=int, default=5)
+    attention.add_argument("--attention-global-tokens", type=int, default=0)
+    attention.add_argument("--rope-type", default="default",
+                           choices=("default", "proportional", "scale_invariant_p", "none"))
+    attention.add_argument("--partial-rotary-factor", type=float, default=None)
+    attention.add_argument("--attn-implementation", default="eager", help="attention backend (default eager)")
+    model = parser.add_argument_group("model (paper: 5 blocks, ListOps 10; d 64; MLP 64; 1 head; dropout 0.01)")
+    model.add_argument("--architecture", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
+    model.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=False,
+                       help="GPT+'s QK-norm (off by default: the paper's model has none)")
+    model.add_argument("--num-layers", type=int, default=None)
+    model.add_argument("--hidden-size", type=int, default=64)
+    model.add_argument("--intermediate-size", type=int, default=None, help="default 64 (gptplus), 4d otherwise")
+    model.add_argument("--num-heads", type=int, default=1)
+    model.add_argument("--dropout", type=float, default=0.01, help="attention-probability dropout")
+    parser.add_argument("--listops-min-length", type=int, default=501)
+    parser.add_argument("--listops-max-length", type=int, default=599)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--no-tensorboard", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.output_dir)
+    if (out / "metrics.jsonl").exists() or (out / "summary.json").exists():
+        print(f"angpt semantic-focus: error: {out} already holds results (metrics.jsonl); choose another "
+              "--output-dir or remove it", file=sys.stderr)
+        return 2
+    import torch
+
+    from ..evaluation.semantic_focus import run_protocol
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    task_kwargs = ({"min_length": args.listops_min_length, "max_length": args.listops_max_length}
+                   if args.task == "listops" else {})
+    try:
+        summary = run_protocol(
+            args.task, out, seed=args.seed, epochs=args.epochs, n_train=args.n_train, n_heldout=args.n_heldout,
+            batch_size=args.batch_size, lr=args.lr, gamma=args.gamma, grad_clip=args.grad_clip or None,
+            device=args.device, stop_at_train_acc=args.stop_at_train_acc, task_kwargs=task_kwargs,
+            tensorboard=not args.no_tensorboard, architecture=args.architecture, qk_norm=args.qk_norm,
+            num_layers=args.num_layers, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+            num_heads=args.num_heads, dropout=args.dropout, attention_sparsity=args.attention_sparsity,
+            attention_topk=args.attention_topk, attention_window=args.attention_window,
+            attention_block_size=args.attention_block_size, attention_global_tokens=args.attention_global_tokens,
+            rope_type=args.rope_type, partial_rotary_factor=args.partial_rotary_factor,
+            attn_implementation=args.attn_implementation)
+    except (ValueError, FileExistsError, FloatingPointError) as error:
+        print(f"angpt semantic-focus: error: {error}", file=sys.stderr)
+        return 2
+    final = summary["final"]
+    print(f"{args.task}: {summary['epochs_run']} epochs, epochs to 95 % train accuracy: "
+          f"{summary['epochs_to_95'] or 'not reached'}; final train acc {final['train_acc']:.3f}, held-out acc "
+          f"{final['heldout_acc']:.3f}; results in {out}")
+    return 0
