@@ -23,7 +23,9 @@ venv install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/angpt train configuration/recipes/demo_cpu.yaml --override output_dir=$(DEMO_DIR)
 	$(VENV)/bin/angpt export $(DEMO_DIR)/final $(DEMO_DIR)/folded
-	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --max-batches 8
+	# offline lm-eval tasks on held-out Shakespeare (100 items each) and the held-out loss training logged;
+	# results.json/results.md go to a new eval_results/demo-folded/<UTC time>/ each run
+	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --suite offline,perplexity --limit 100 --batch-size 16
 	$(VENV)/bin/angpt generate $(DEMO_DIR)/folded --prompt "ROMEO:" --max-new-tokens 60
 
 test: $(STAMP)
@@ -37,4 +39,4 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/convergence.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) build *.egg-info runs eval_results

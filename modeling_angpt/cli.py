@@ -11,7 +11,7 @@ import sys
 COMMANDS = {
     "train": ("modeling_angpt.training.command", "train a model from a recipe YAML"),
     "export": ("modeling_angpt.export_command", "fold the constants into the weights (inference form)"),
-    "eval": ("modeling_angpt.evaluation.command", "evaluate a checkpoint"),
+    "eval": ("modeling_angpt.commands.eval", "evaluate a checkpoint (lm-eval suites, held-out loss, length, needle)"),
     "generate": ("modeling_angpt.generate_command", "generate text from a checkpoint"),
 }
 
