@@ -113,18 +113,19 @@ def fingerprint(corpus: Corpus) -> dict:
     if corpus.kind == "file":
         digest = hashlib.sha256(corpus.path.read_bytes()).hexdigest()
         return {"kind": "file", "sha256": digest}
-    from ..training.data import _source_fingerprint
-
     recipe, source = _load_recipe(corpus)
-    keys = ("block_size", "validation_fraction", "validation_blocks", "data_seed", "tokenizer",
-            "tokenizer_vocab_size", "streaming")
-    return {"kind": "recipe", "source": _source_fingerprint(source, recipe),
-            **{k: getattr(recipe, k) for k in keys}}
+    # file names, sizes and times, not paths: one installation seen through a symlinked prefix is one corpus
+    files = [(Path(f).name, os.path.getsize(f), int(os.path.getmtime(f))) for f in source.files]
+    keys = ("dataset", "dataset_config", "dataset_split", "text_column", "max_corpus_chars", "block_size",
+            "validation_fraction", "validation_blocks", "data_seed", "tokenizer", "tokenizer_vocab_size",
+            "streaming")
+    return {"kind": "recipe", "files": files, **{k: getattr(recipe, k) for k in keys}}
 
 
 def cache_key(corpus: Corpus, seed: int) -> str:
-    blob = json.dumps({"builder": BUILDER_VERSION, "corpus": fingerprint(corpus), "seed": seed},
-                      sort_keys=True, default=str)
+    parameters = {"builder": BUILDER_VERSION, "context_chars": CONTEXT_CHARS, "max_items": MAX_ITEMS,
+                  "choices": N_CHOICES, "file_passage_chars": FILE_PASSAGE_CHARS}
+    blob = json.dumps({**parameters, "corpus": fingerprint(corpus), "seed": seed}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

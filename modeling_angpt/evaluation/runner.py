@@ -354,7 +354,7 @@ def run(plan: Plan, staging_dir: Path) -> dict:
         if not isinstance(suite_results, dict):
             raise TypeError(f"suite {suite}: run_suite returned {type(suite_results).__name__}, not a dict")
         for task, metrics in suite_results.items():
-            report["results"][task] = {k: float(v) for k, v in metrics.items()}
+            report["results"][task] = {k: v if isinstance(v, int) else float(v) for k, v in metrics.items()}
         report.setdefault("suites", {})[suite] = sorted(suite_results)
     report["seconds"] = round(time.time() - started, 1)
     return report
