@@ -30,7 +30,9 @@ venv install: $(STAMP)
 # (--overwrite replaces the earlier export once the new one passed its self-check); evaluation and generation
 # run every time.
 demo: $(DEMO_DIR)/folded/config.json
-	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --max-batches 8
+	# offline lm-eval tasks on held-out Shakespeare (100 items each) and the held-out loss training logged;
+	# results.json/results.md go to a new eval_results/demo-folded/<UTC time>/ each run
+	$(VENV)/bin/angpt eval $(DEMO_DIR)/folded --suite offline,perplexity --limit 100 --batch-size 16
 	$(VENV)/bin/angpt generate $(DEMO_DIR)/folded --prompt "ROMEO:" --max-new-tokens 60
 
 $(DEMO_DIR)/final/config.json: $(DEMO_RECIPE) | $(STAMP)
@@ -50,4 +52,4 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/convergence.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs
+	rm -rf $(VENV) build *.egg-info runs eval_results

@@ -19,7 +19,7 @@ EPILOG = ("Run `angpt COMMAND --help` for a command's options. The README and do
 COMMANDS = {
     "train": ("modeling_angpt.commands.train", "train a model from a recipe YAML"),
     "export": ("modeling_angpt.commands.export", "fold the constants into the weights (inference form)"),
-    "eval": ("modeling_angpt.evaluation.command", "evaluate a checkpoint"),
+    "eval": ("modeling_angpt.commands.eval", "evaluate a checkpoint (lm-eval suites, held-out loss, length, needle)"),
     "generate": ("modeling_angpt.commands.generate", "generate text from a checkpoint"),
     "semantic-focus": ("modeling_angpt.commands.semantic_focus",
                        "semantic-focus paper's protocol on one task and attention configuration"),

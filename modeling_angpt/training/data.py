@@ -217,10 +217,7 @@ def split_blocks(blocks: np.ndarray, fraction: float, seed: int) -> tuple[np.nda
     run and every architecture is scored on the same blocks). Validation stays in that random order, so
     the first `eval_max_batches` batches are a uniform sample of the corpus, not its first pages; the
     training part keeps corpus order (the sampler shuffles it)."""
-    n_val = max(1, int(round(fraction * len(blocks))))
-    if len(blocks) < n_val + 1:
-        raise ValueError(f"corpus too small: {len(blocks)} blocks cannot give a validation split")
-    perm = np.random.default_rng(seed).permutation(len(blocks))
+    perm, n_val = split_permutation(len(blocks), fraction, seed)
     return blocks[np.sort(perm[n_val:])], blocks[perm[:n_val]]
 
 
@@ -232,6 +229,15 @@ def scored_validation_blocks(recipe, available: int, processes: int = 1) -> int:
     if recipe.eval_max_batches is None:
         return available
     return min(available, recipe.eval_max_batches * recipe.per_device_eval_batch_size * processes)
+
+
+def split_permutation(n_blocks: int, fraction: float, seed: int) -> tuple[np.ndarray, int]:
+    """(perm, n_val): block indices perm[:n_val] are validation, in that order (also read by the offline
+    evaluation tasks, which decode exactly these blocks as held-out text)."""
+    n_val = max(1, int(round(fraction * n_blocks)))
+    if n_blocks < n_val + 1:
+        raise ValueError(f"corpus too small: {n_blocks} blocks cannot give a validation split")
+    return np.random.default_rng(seed).permutation(n_blocks), n_val
 
 
 class BlockDataset(torch.utils.data.Dataset):

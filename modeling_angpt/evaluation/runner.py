@@ -1,0 +1,479 @@
+"""Evaluate a checkpoint: lm-eval tasks on the in-memory model, the project's own suites, one report.
+
+    from modeling_angpt.evaluation import evaluate, default_options
+    report = evaluate("runs/demo/folded", default_options(suite=["offline"], limit=50))
+
+`prepare` checks everything that can be checked without the model (options, checkpoint files, task names,
+data reachability, the output directory) and raises `EvalInputError` with a one-line message; `run` loads the
+model once, runs `lm_eval.simple_evaluate` with an `HFLM` built on it and then the own suites, and returns the
+report (a JSON-ready dict); `write_report` writes results.json and results.md without overwriting anything.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .selection import OWN_SUITE_MODULES, Selection, SelectionError, check_hub_datasets, select
+
+LM_EVAL_DEFAULT_SEEDS = (0, 1234, 1234, 1234)   # lm-eval's random, numpy, torch, few-shot seeds
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+RESULT_FILES = ("results.json", "results.md")
+
+
+class EvalInputError(ValueError):
+    """Input that cannot be evaluated (bad option, not a checkpoint, unknown task, unreachable data)."""
+
+
+def default_options(**overrides) -> argparse.Namespace:
+    """The options of `angpt eval` as a Namespace (what the suites receive), with their CLI defaults."""
+    values = dict(tasks=None, suite=None, num_fewshot=None, batch_size=1, limit=None, seed=None, log_samples=False,
+                  bootstrap_iters=100000, device=None, dtype="auto", output_path=None, include_path=[],
+                  lengths=None, corpus=None, data_seed=None)
+    unknown = set(overrides) - set(values)
+    if unknown:
+        raise TypeError(f"unknown evaluation options: {sorted(unknown)}")
+    values.update(overrides)
+    return argparse.Namespace(**values)
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+def _as_list(value) -> list[str]:
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
+
+
+def normalize_options(options: argparse.Namespace) -> argparse.Namespace:
+    """Parse and check the numbers and lists in place (one-line EvalInputError); returns options."""
+    options.tasks = _as_list(options.tasks)
+    options.suite = _as_list(options.suite)
+    options.include_path = _as_list(options.include_path)
+    if not options.tasks and not options.suite:
+        options.suite = ["offline"]
+
+    batch = str(options.batch_size).strip()
+    if re.fullmatch(r"auto(:\d+(\.\d+)?)?", batch):
+        options.batch_size = batch
+    elif re.fullmatch(r"\d+", batch) and int(batch) > 0:
+        options.batch_size = int(batch)
+    else:
+        raise EvalInputError(f"--batch-size {options.batch_size}: expected a positive integer, 'auto' or 'auto:N'")
+    if options.limit is not None:
+        try:
+            limit = float(options.limit)
+        except (TypeError, ValueError):
+            raise EvalInputError(f"--limit {options.limit}: expected a number of examples per task (or a "
+                                 "fraction below 1)") from None
+        if not limit > 0 or (limit >= 1 and not limit.is_integer()):
+            raise EvalInputError(f"--limit {options.limit}: expected a positive integer, or a fraction in (0, 1)")
+        options.limit = int(limit) if limit >= 1 else limit
+    for name, minimum in (("num_fewshot", 0), ("seed", 0), ("bootstrap_iters", 0), ("data_seed", 0)):
+        value = getattr(options, name)
+        if value is None:
+            continue
+        try:
+            number = int(str(value))
+        except ValueError:
+            number = None
+        if number is None or number < minimum:
+            flag = "--" + name.replace("_", "-")
+            raise EvalInputError(f"{flag} {value}: expected an integer >= {minimum}")
+        setattr(options, name, number)
+    if options.lengths is not None and not isinstance(options.lengths, list):
+        parts = [p.strip() for p in str(options.lengths).split(",")]
+        if not all(re.fullmatch(r"\d+", p) and int(p) > 0 for p in parts):
+            raise EvalInputError(f"--lengths {options.lengths}: expected positive integers separated by commas "
+                                 "(multiples of the training context), e.g. 1,2,4,8,16")
+        options.lengths = [int(p) for p in parts]
+    if options.dtype not in DTYPES:
+        raise EvalInputError(f"--dtype {options.dtype}: expected one of {', '.join(DTYPES)}")
+    options.device = _check_device(options.device)
+    return options
+
+
+def _check_device(device: str | None) -> str:
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|mps|xpu(:\d+)?", device):
+        raise EvalInputError(f"--device {device}: expected cpu, cuda, cuda:N, mps or xpu")
+    if device.startswith("cuda"):
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            raise EvalInputError(f"--device {device}: CUDA device not available on this machine")
+    return device
+
+
+def check_checkpoint_dir(checkpoint: Path) -> dict:
+    """config.json readable, weights present and complete, a tokenizer; returns the config dict."""
+    from ..checkpoint_check import CheckpointError, check_checkpoint
+
+    if not checkpoint.exists():
+        raise EvalInputError(f"checkpoint {checkpoint}: no such directory")
+    if not checkpoint.is_dir():
+        raise EvalInputError(f"checkpoint {checkpoint}: not a directory (expected a saved model directory)")
+    config_path = checkpoint / "config.json"
+    if not config_path.is_file():
+        raise EvalInputError(f"checkpoint {checkpoint}: not a model directory (no config.json)")
+    try:
+        config = json.loads(config_path.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise EvalInputError(f"{config_path}: not a valid config ({error})") from None
+    if not any((checkpoint / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+        raise EvalInputError(f"checkpoint {checkpoint}: no tokenizer (tokenizer.json / tokenizer_config.json); "
+                             "save one with tokenizer.save_pretrained")
+    try:
+        if config.get("model_type") == "angpt":
+            check_checkpoint(str(checkpoint))   # every tensor the config implies, with its shape
+        else:
+            from ..checkpoint_check import read_shapes
+
+            read_shapes(str(checkpoint))
+    except CheckpointError as error:
+        raise EvalInputError(str(error)) from None
+    return config
+
+
+def weights_digest(checkpoint: Path) -> dict:
+    """sha256 of every weight file (sorted by name) and of them all together."""
+    from ..checkpoint_check import safetensors_files
+
+    total, files = hashlib.sha256(), {}
+    for path in sorted(safetensors_files(str(checkpoint))):
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+        files[os.path.basename(path)] = digest.hexdigest()
+        total.update(digest.hexdigest().encode())
+    return {"sha256": total.hexdigest() if len(files) > 1 else next(iter(files.values())), "files": files}
+
+
+def default_output_dir(checkpoint: Path) -> Path:
+    """eval_results/<last two path parts of the checkpoint>/<UTC time>[-N]: never an existing directory."""
+    name = "-".join(part for part in checkpoint.resolve().parts[-2:] if part not in ("/", ""))
+    name = re.sub(r"[^\w.\-]+", "_", name) or "checkpoint"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    base = Path("eval_results") / name / stamp
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{stamp}-{n}")
+    return candidate
+
+
+@dataclass
+class Plan:
+    checkpoint: Path
+    options: argparse.Namespace
+    selection: Selection
+    output_dir: Path
+    config: dict
+    weights: dict
+    hub_offline: str | None = None
+    offline_data: dict | None = None
+    own_suites: dict = field(default_factory=dict)   # suite -> run_suite callable
+
+
+def _own_suite(suite: str):
+    module_name = OWN_SUITE_MODULES[suite]
+    module = sys.modules.get(module_name)
+    if module is None:
+        if importlib.util.find_spec(module_name) is None:
+            raise EvalInputError(f"suite {suite}: {module_name} is not part of this installation")
+        module = importlib.import_module(module_name)
+    if not callable(getattr(module, "run_suite", None)):
+        raise EvalInputError(f"suite {suite}: {module_name} has no run_suite function")
+    return module
+
+
+def prepare(checkpoint, options: argparse.Namespace) -> Plan:
+    """Every check that needs no model; EvalInputError (one line) on bad input. Builds the offline task data
+    (cached) when an offline task is selected, so an unreadable corpus is reported here."""
+    try:
+        options = normalize_options(options)
+        checkpoint = Path(checkpoint)
+        if options.output_path:
+            output_dir = Path(options.output_path)
+            if output_dir.exists() and not output_dir.is_dir():
+                raise EvalInputError(f"--output-path {output_dir}: exists and is not a directory")
+            existing = [n for n in RESULT_FILES if (output_dir / n).exists()]
+            if existing:
+                raise EvalInputError(f"--output-path {output_dir}: {existing[0]} exists; results are never "
+                                     "overwritten (choose another directory)")
+        else:
+            output_dir = default_output_dir(checkpoint)
+        config = check_checkpoint_dir(checkpoint)
+        selection = select(options.suite, options.tasks, options.include_path)
+        hub_offline = check_hub_datasets(selection)
+        own = {}
+        for suite in selection.own_suites:
+            module = _own_suite(suite)
+            if callable(getattr(module, "preflight", None)):
+                module.preflight(checkpoint, options)
+            own[suite] = module.run_suite
+        offline_data = None
+        if selection.offline_tasks:
+            from .offline_tasks import task_files
+
+            offline_data = task_files(options.corpus, options.data_seed)
+        weights = weights_digest(checkpoint)
+    except (SelectionError, FileNotFoundError, ValueError, NotADirectoryError, PermissionError) as error:
+        raise EvalInputError(str(error).splitlines()[0] if str(error) else type(error).__name__) from None
+    return Plan(checkpoint, options, selection, output_dir, config, weights, hub_offline, offline_data, own)
+
+
+# ------------------------------------------------------------------------------------------- running
+
+def load_model(checkpoint: Path, dtype: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import modeling_angpt  # noqa: F401  (registers the Auto classes)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()   # stderr stays for messages (a "Loading weights" bar per run)
+    config_dtype = None
+    if dtype == "auto":
+        raw = json.loads((checkpoint / "config.json").read_text())
+        config_dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    torch_dtype = getattr(torch, config_dtype or dtype)
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch_dtype).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    return model, tokenizer
+
+
+def _seeds(options) -> tuple[int, int, int, int]:
+    return LM_EVAL_DEFAULT_SEEDS if options.seed is None else (options.seed,) * 4
+
+
+def run_lm_eval(model, tokenizer, plan: Plan) -> dict:
+    """lm_eval.simple_evaluate on the in-memory model (HFLM); lm-eval's result dict."""
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    options = plan.options
+    metadata = {k: v for k, v in (("corpus", options.corpus), ("data_seed", options.data_seed)) if v is not None}
+    manager = TaskManager(include_path=plan.selection.include_paths, include_defaults=plan.selection.needs_defaults,
+                          metadata=metadata)
+    # Like `lm_eval --model hf`: max_length from config.max_position_embeddings, right-padded loglikelihood
+    # batches, left-padded generation, the tokenizer's pad token (or EOS).
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=options.batch_size,
+              max_batch_size=64)
+    random_seed, numpy_seed, torch_seed, fewshot_seed = _seeds(options)
+    return simple_evaluate(model=lm, tasks=plan.selection.lm_eval_tasks, num_fewshot=options.num_fewshot,
+                           limit=options.limit, bootstrap_iters=options.bootstrap_iters,
+                           log_samples=options.log_samples, task_manager=manager, random_seed=random_seed,
+                           numpy_random_seed=numpy_seed, torch_random_seed=torch_seed,
+                           fewshot_random_seed=fewshot_seed)
+
+
+def _metrics_of(task_results: dict) -> dict[str, float]:
+    """lm-eval's {"acc,none": v, "acc_stderr,none": s, "alias": ...} -> {"acc": v, "acc_stderr": s}."""
+    metrics = {}
+    for key, value in task_results.items():
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or key == "sample_len":
+            continue
+        metric, _, filter_name = key.partition(",")
+        metrics[metric if filter_name in ("", "none") else f"{metric} [{filter_name}]"] = value
+    return metrics
+
+
+def _versions() -> dict:
+    versions = {}
+    for package in ("angpt", "torch", "transformers", "lm_eval", "datasets", "tokenizers", "safetensors"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    versions["python"] = platform.python_version()
+    return versions
+
+
+def run(plan: Plan, staging_dir: Path) -> dict:
+    """Load the model, run lm-eval and the own suites (artifacts into staging_dir); the report."""
+    options = plan.options
+    started = time.time()
+    model, tokenizer = load_model(plan.checkpoint, options.dtype, options.device)
+    report: dict = {
+        "format": "angpt-eval/1",
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "checkpoint": {"path": str(plan.checkpoint.resolve()), "weights_sha256": plan.weights["sha256"],
+                       "weight_files": plan.weights["files"]},
+        "model_config": plan.config,
+        "versions": _versions(),
+        "device": options.device,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "options": {k: v for k, v in vars(options).items() if not k.startswith("_") and k != "command"},
+        "seeds": dict(zip(("random", "numpy", "torch", "fewshot"), _seeds(options)),
+                      offline_data=(plan.offline_data or {}).get("seed")),
+        "results": {},
+    }
+    training_metadata = plan.checkpoint / "training_metadata.json"
+    if training_metadata.is_file():
+        meta = json.loads(training_metadata.read_text())
+        report["training"] = {k: meta.get(k) for k in ("dataset", "steps", "tokens_seen", "final_val_loss",
+                                                       "architecture")}
+    if plan.hub_offline:
+        report["hub"] = f"offline ({plan.hub_offline}): Hub datasets read from the local cache"
+    if plan.offline_data:
+        report["offline_data"] = plan.offline_data
+    if plan.selection.lm_eval_tasks:
+        results = run_lm_eval(model, tokenizer, plan)
+        samples = results.pop("samples", None)
+        for task, values in results.get("results", {}).items():
+            metrics = _metrics_of(values)
+            if metrics:
+                report["results"][task] = metrics
+        report["lm_eval"] = {k: v for k, v in results.items() if k != "results"}
+        report["lm_eval"]["results"] = results.get("results", {})
+        if samples is not None:
+            report["samples"] = samples
+    for suite, run_suite in plan.own_suites.items():
+        suite_results = run_suite(model, tokenizer, plan.checkpoint, options, staging_dir)
+        if not isinstance(suite_results, dict):
+            raise TypeError(f"suite {suite}: run_suite returned {type(suite_results).__name__}, not a dict")
+        for task, metrics in suite_results.items():
+            report["results"][task] = {k: v if isinstance(v, int) else float(v) for k, v in metrics.items()}
+        report.setdefault("suites", {})[suite] = sorted(suite_results)
+    report["seconds"] = round(time.time() - started, 1)
+    return report
+
+
+# ------------------------------------------------------------------------------------------- report
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        if value != value:
+            return "nan"
+        return f"{value:.4f}" if abs(value) < 1e5 else f"{value:.4g}"
+    return str(value)
+
+
+def markdown_table(report: dict) -> str:
+    lm = report.get("lm_eval", {})
+    versions, shots, counts = lm.get("versions", {}), lm.get("n-shot", {}), lm.get("n-samples", {})
+    lines = ["| Task | Version | n-shot | n | Metric | Value | Stderr |", "|---|---:|---:|---:|---|---:|---:|"]
+    for task, metrics in report["results"].items():
+        n = counts.get(task, {}).get("effective", "")
+        first = True
+        for metric, value in metrics.items():
+            if metric.endswith("_stderr") or "_stderr " in metric:
+                continue
+            name, _, filter_part = metric.partition(" [")
+            stderr = metrics.get(f"{name}_stderr" + (f" [{filter_part}" if filter_part else ""))
+            stderr = "" if stderr is None else _format(stderr)
+            cells = [task, str(versions.get(task, "")), str(shots.get(task, "")), str(n)] if first \
+                else ["", "", "", ""]
+            lines.append("| " + " | ".join(cells + [metric, _format(value), stderr]) + " |")
+            first = False
+    return "\n".join(lines)
+
+
+def markdown_report(report: dict) -> str:
+    checkpoint = report["checkpoint"]
+    head = [f"# Evaluation of {checkpoint['path']}", "",
+            f"weights sha256 {checkpoint['weights_sha256'][:16]}…, {report['dtype']} on {report['device']}, "
+            f"{report['created']}; angpt {report['versions'].get('angpt')}, lm-eval {report['versions'].get('lm_eval')}",
+            ""]
+    if report.get("offline_data"):
+        data = report["offline_data"]
+        head += [f"offline tasks: {data['corpus']}, seed {data['seed']}", ""]
+    return "\n".join(head + [markdown_table(report), ""])
+
+
+def _json_default(value):
+    try:
+        from lm_eval.utils import handle_non_serializable
+
+        return handle_non_serializable(value)
+    except ImportError:
+        return str(value)
+
+
+def write_report(report: dict, staging_dir: Path, output_dir: Path) -> Path:
+    """results.json + results.md into staging_dir, then everything staged into output_dir (created if needed);
+    an existing file there is never replaced."""
+    (staging_dir / "results.json").write_text(json.dumps(report, indent=2, default=_json_default,
+                                                         ensure_ascii=False))
+    (staging_dir / "results.md").write_text(markdown_report(report))
+    output_dir.mkdir(parents=True, exist_ok=True)
+    clashes = [p.name for p in staging_dir.iterdir() if (output_dir / p.name).exists()]
+    if clashes:
+        raise FileExistsError(f"{output_dir / clashes[0]} appeared during the evaluation; results left in "
+                              f"{staging_dir}")
+    for path in sorted(staging_dir.iterdir()):
+        os.replace(path, output_dir / path.name)
+    staging_dir.rmdir()
+    return output_dir / "results.json"
+
+
+def staging_dir_for(output_dir: Path) -> Path:
+    parent = output_dir.parent if output_dir.parent != Path("") else Path(".")
+    return parent / f".{output_dir.name}.partial-{os.getpid()}"
+
+
+def execute(plan: Plan, write: bool = True) -> dict:
+    """Run a prepared evaluation; with write=True, results.json/results.md (and the suites' artifacts) end up
+    in plan.output_dir and report["files"] names results.json. A failed run leaves nothing behind."""
+    staging = staging_dir_for(plan.output_dir)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    staging.mkdir()
+    try:
+        report = run(plan, staging)
+        report["argv"] = list(sys.argv)
+        if write:
+            report["files"] = str(write_report(report, staging, plan.output_dir))
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+        _remove_empty_parents(staging.parent)
+    return report
+
+
+def evaluate(checkpoint, options: argparse.Namespace | None = None, write: bool = False) -> dict:
+    """Python entry point: prepare and run (writing the result files with write=True); returns the report."""
+    return execute(prepare(checkpoint, options or default_options()), write)
+
+
+def _remove_empty_parents(directory: Path, stop: Path = Path("eval_results")) -> None:
+    """Remove eval_results/<name>/ left empty by a failed run (only directories this code creates)."""
+    directory = directory.resolve()
+    stop = stop.resolve()
+    while directory != stop.parent and (directory == stop or stop in directory.parents):
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
+
+
+def quiet_lm_eval_logging() -> None:
+    """lm-eval logs every step at INFO; keep its warnings (e.g. truncated contexts) and errors."""
+    logging.getLogger("lm_eval").setLevel(logging.WARNING)
+
+    class _DropModelInstanceWarning(logging.Filter):
+        def filter(self, record):
+            return "model kwarg is not of type `str`" not in record.getMessage()
+
+    logging.getLogger("lm_eval.models.huggingface").addFilter(_DropModelInstanceWarning())
