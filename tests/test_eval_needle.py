@@ -189,3 +189,19 @@ def test_lm_eval_task_gives_the_suites_answer(tiny_checkpoint):  # noqa: F811
     assert [s["filtered_resps"][0] for s in samples] == answers
     expected = sum(score_answer(a, d["cities"], d["numbers"]) for a, d in zip(answers, docs)) / 2
     assert out["results"]["angpt_needle_x4"]["acc,none"] == pytest.approx(expected)
+
+
+def test_front_door_runs_the_length_and_needle_suites_and_the_needle_task(tiny_checkpoint, tmp_path):  # noqa: F811
+    """`angpt eval --suite length,needle --tasks angpt_needle_x1` end to end (evaluation/runner.py wiring): the
+    own suites' metrics and the lm-eval task's accuracy land in one report, next to their artifacts."""
+    from modeling_angpt.evaluation.runner import default_options, evaluate
+
+    directory = tiny_checkpoint(TRAIN_LENGTH)
+    options = default_options(suite="length,needle", tasks="angpt_needle_x1", lengths="1,2", limit=1,
+                              output_path=str(tmp_path / "out"), bootstrap_iters=0)
+    report = evaluate(directory, options, write=True)
+    results = report["results"]
+    assert {"length_x1", "length_x2", "needle_x1", "needle_x2", "angpt_needle_x1"} <= set(results)
+    assert 0.0 <= results["angpt_needle_x1"]["acc"] <= 1.0
+    assert results["length_x2"]["loss"] > 0
+    assert {"results.json", "results.md", "length.png", "needle.json"} <= {p.name for p in (tmp_path / "out").iterdir()}

@@ -274,18 +274,35 @@ def run_lm_eval(model, tokenizer, plan: Plan) -> dict:
 
     options = plan.options
     metadata = {k: v for k, v in (("corpus", options.corpus), ("data_seed", options.data_seed)) if v is not None}
+    metadata["pretrained"] = str(plan.checkpoint)   # what `lm_eval --model_args pretrained=DIR` passes on (angpt_needle)
     manager = TaskManager(include_path=plan.selection.include_paths, include_defaults=plan.selection.needs_defaults,
                           metadata=metadata)
     # Like `lm_eval --model hf`: max_length from config.max_position_embeddings, right-padded loglikelihood
     # batches, left-padded generation, the tokenizer's pad token (or EOS).
     lm = HFLM(pretrained=model, tokenizer=tokenizer, backend="causal", batch_size=options.batch_size,
-              max_batch_size=64)
+              max_batch_size=64, max_length=_context_for(plan, model.config))
     random_seed, numpy_seed, torch_seed, fewshot_seed = _seeds(options)
     return simple_evaluate(model=lm, tasks=plan.selection.lm_eval_tasks, num_fewshot=options.num_fewshot,
                            limit=options.limit, bootstrap_iters=options.bootstrap_iters,
                            log_samples=options.log_samples, task_manager=manager, random_seed=random_seed,
                            numpy_random_seed=numpy_seed, torch_random_seed=torch_seed,
                            fewshot_random_seed=fewshot_seed)
+
+
+def _context_for(plan: Plan, config) -> int:
+    """HFLM's max_length: config.max_position_embeddings, as `lm_eval --model hf` uses, except that angpt_needle
+    tasks need 16x the training length plus the answer (rotary positions have no table to run out of, and
+    lm-eval would cut the needles off the left of a longer prompt)."""
+    context = config.max_position_embeddings
+    if any(task.startswith("angpt_needle") for task in plan.selection.lm_eval_tasks):
+        from .needle_task import MAX_NEW_TOKENS
+        from .long_context import training_length
+
+        try:
+            context = max(context, 16 * training_length(plan.checkpoint, None) + MAX_NEW_TOKENS)
+        except ValueError:  # no training_metadata.json: the task itself says what it needs
+            pass
+    return context
 
 
 def _metrics_of(task_results: dict) -> dict[str, float]:
