@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import DataCollatorWithFlattening, DynamicCache, StaticCache
+from transformers import CompileConfig, DataCollatorWithFlattening, DynamicCache, StaticCache
 
 from modeling_angpt import attention_angpt, register_logit_transform, register_sparsity
 from modeling_angpt.attention_angpt import eager_attention_forward
@@ -83,6 +83,12 @@ def test_static_cache_generation_equals_dynamic_and_no_cache(architecture):
     dynamic = model.generate(ids, **kwargs)
     torch.testing.assert_close(model.generate(ids, cache_implementation="static", **kwargs), dynamic, rtol=0, atol=0)
     torch.testing.assert_close(model.generate(ids, use_cache=False, **kwargs), dynamic, rtol=0, atol=0)
+    if architecture == "angpt":  # transformers' compiled decoding path, fullgraph (the eager backend keeps it cheap)
+        compile_config = CompileConfig(fullgraph=True, backend="eager", mode=None)
+        compile_config._compile_all_devices = True  # transformers compiles only on accelerators otherwise
+        compiled = model.generate(ids, cache_implementation="static", compile_config=compile_config, **kwargs)
+        assert hasattr(model, "_compiled_call")
+        torch.testing.assert_close(compiled, dynamic, rtol=0, atol=0)
 
 
 # --- 10.6: cached decoding = full forward, positions from 0, at an offset, under left padding -------------------
