@@ -1,13 +1,15 @@
 #!/usr/bin/env python
 """Inference tokens/s: folded anGPT vs folded GPT+ vs transformers' LlamaForCausalLM of the same shape (SPEC §2).
 
-    python bench/inference_speed.py [--hidden 512 --layers 8 --heads 8 --vocab 16384 --repeats 7]
+    python bench/inference_speed.py [--hidden 512 --layers 8 --heads 8 --vocab 16384 --repeats 7] [--compile]
 
 All models run side by side in one process, interleaved repetition by repetition (so machine noise hits
 them alike), same dtype, same attention backend (sdpa), same threads; medians are reported. The unfolded
 (training-form) anGPT is included to show what the fold removes.
   prefill: one forward over B × T prompt tokens (use_cache=False), tokens/s = B·T / time
   decode:  after a prefill of P tokens, N single-token steps through the KV cache, tokens/s = B·N / time
+  --compile: decode through a StaticCache with the single-token step under torch.compile(fullgraph=True,
+  dynamic=False), every model alike (transformers' compiled static-cache decoding path; the prefill stays eager)
 Two clocks: wall time, and process CPU time / threads (less sensitive to other processes on a shared machine).
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, StaticCache
 
 import modeling_angpt  # noqa: F401
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
@@ -61,14 +63,25 @@ def prefill_time(model, ids):
     return elapsed(start)
 
 
+_static = {}  # (model, batch) -> (StaticCache, compiled step): one cache object, so the compiled step is reused
+
+
 @torch.no_grad()
-def decode_time(model, ids, steps):
-    cache = DynamicCache(config=model.config)
+def decode_time(model, ids, steps, compiled=False, capacity=None):
+    if compiled:
+        key = (id(model), ids.shape[0])
+        if key not in _static:
+            cache = StaticCache(config=model.config, max_cache_len=capacity or ids.shape[1] + steps)
+            _static[key] = cache, torch.compile(model, fullgraph=True, dynamic=False)
+        cache, step = _static[key]
+        cache.reset()
+    else:
+        cache, step = DynamicCache(config=model.config), model
     out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     token = out.logits[:, -1:].argmax(-1)
     start = clocks()
     for _ in range(steps):
-        out = model(token, past_key_values=cache, use_cache=True)
+        out = step(token, past_key_values=cache, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
     return elapsed(start)
 
@@ -86,6 +99,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--compile", action="store_true", help="compiled static-cache decoding (see above)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -93,20 +107,21 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     models = build_models(args, dtype)
     results = {}  # (phase, batch, model) -> [tokens/s]
+    capacity = args.prompt_len + args.decode_steps  # one static cache size for warm-up and measurement
     for batch in args.batches:
         prefill_ids = torch.randint(0, args.vocab, (batch, args.prefill_len))
         prompt_ids = torch.randint(0, args.vocab, (batch, args.prompt_len))
         for model in models.values():  # warm-up
             prefill_time(model, prefill_ids[:, :32])
-            decode_time(model, prompt_ids[:, :16], 2)
+            decode_time(model, prompt_ids, 2, args.compile, capacity)  # the decode shapes, so compiling happens here
         for _ in range(args.repeats):
             for name, model in models.items():
                 for clock, t in zip(("wall", "cpu"), prefill_time(model, prefill_ids)):
                     results.setdefault((clock, "prefill", batch, name), []).append(batch * args.prefill_len / t)
-                for clock, t in zip(("wall", "cpu"), decode_time(model, prompt_ids, args.decode_steps)):
+                for clock, t in zip(("wall", "cpu"), decode_time(model, prompt_ids, args.decode_steps, args.compile, capacity)):
                     results.setdefault((clock, "decode", batch, name), []).append(batch * args.decode_steps / t)
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}, {args.dtype}, sdpa")
+          f"torch {torch.__version__}, {args.dtype}, sdpa" + (", compiled static-cache decoding" if args.compile else ""))
     print(f"shape: d={args.hidden}, L={args.layers}, H={args.heads}, MLP 4d, vocab {args.vocab}; "
           f"prefill {args.prefill_len} tokens; decode {args.decode_steps} steps after {args.prompt_len}; "
           f"median of {args.repeats}")

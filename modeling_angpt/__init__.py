@@ -7,6 +7,8 @@ Importing the package registers the config and models with the Auto classes, and
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification)
 
 from .configuration_angpt import AnGPTConfig
+from .logit_transforms_angpt import register_logit_transform
+from .masks_angpt import register_sparsity
 from .modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification, AnGPTModel, AnGPTPreTrainedModel
 
 __version__ = "0.1.0"
@@ -22,4 +24,4 @@ AnGPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 AnGPTForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 
 __all__ = ["AnGPTConfig", "AnGPTModel", "AnGPTForCausalLM", "AnGPTForSequenceClassification",
-           "AnGPTPreTrainedModel"]
+           "AnGPTPreTrainedModel", "register_logit_transform", "register_sparsity"]

@@ -3,11 +3,12 @@
 Every backend shares transformers' signature `fn(module, q, k, v, attention_mask, scaling, dropout, **kw)
 -> (out [b, t, h, d_h], weights)` with q, k, v as [b, h, t, d_h], and reads the positions it needs from the
 `attention_layout` keyword (masks_angpt.AttentionLayout, built once per forward by AnGPTModel). The three axes:
-positions are applied to q, k before any backend (rotary_angpt.py), LogN is a query scaling (AnGPTAttention),
-the other logit transforms and the sparsity are computed here. `eager_attention_forward` is the reference every
+positions are applied to q, k before any backend (rotary_angpt.py), a query-scaling transform (LogN) in
+AnGPTAttention, every other registered logit transform (logit_transforms_angpt.py) and sparsity (masks_angpt.py)
+here, read from their registries only. `eager_attention_forward` is the reference every
 other path is tested against; `chunked_attention_forward` (registered as "angpt_chunked") is the same math over
 chunks of queries, so long contexts never hold a T×T tensor per head. Which backend computes which variant is
-`configuration_angpt.ATTENTION_BACKEND_SUPPORT`; anything else raises, it never falls back to different math.
+`configuration_angpt.backend_computes`; anything else raises, it never falls back to different math.
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
 from .configuration_angpt import check_attention_backend
-from .logit_transforms_angpt import LOGIT_TRANSFORM_FUNCTIONS, slopes_for
-from .masks_angpt import AttentionLayout, distance, support
+from .logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register as _transform_hooks, head_tensor
+from .masks_angpt import SPARSITIES, AttentionLayout, _on_register as _sparsity_hooks, support
 
 try:  # optional: only the [flash] extra installs it, and only on CUDA machines
     from flash_attn import flash_attn_func
@@ -37,31 +38,25 @@ def _layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
     return layout
 
 
-def topk_support(scores: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
-    """Keep exactly the k largest visible logits per query and head (SPEC §3.3: transform → causal/padding mask →
-    top-k → softmax). `topk` + scatter gives exactly k even with ties; a row with fewer than k visible keys keeps
-    them all. The selection carries no gradient (none exists); the kept logits do."""
-    if k >= scores.shape[-1]:
-        return visible
-    with torch.no_grad():
-        index = scores.masked_fill(~visible, float("-inf")).topk(k, dim=-1).indices
-        keep = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device).scatter_(-1, index, True)
-    return keep & visible
+def _transformed_scores(config, scores: torch.Tensor, layout: AttentionLayout, rows: slice) -> torch.Tensor:
+    """The registered logit transform on a [b, h, c, kv] block of scores (float32 also under bf16 autocast)."""
+    transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
+    if transform.score is None:
+        return scores
+    head = head_tensor(transform, config, scores.device)
+    return transform.score(scores.float(), layout.query_positions[:, None, rows, None],
+                           layout.key_positions[:, None, None, :], None if head is None else head.view(1, -1, 1, 1),
+                           config)
 
 
 def _attend(module, query, key, value, layout: AttentionLayout, rows: slice, scaling: float, dropout: float):
     """Eager math for one chunk of queries: [b, h, c, d_h] → (out [b, h, c, d_h], probs [b, h, c, kv])."""
     config = module.config
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # [b, h, c, kv]
-    transform = config.attention_logit_transform
-    if transform in ("alibi", "scale_invariant"):
-        scores = scores.float()  # distances and log terms in float32 also under bf16 autocast (softmax is float32)
-        slopes = slopes_for(config, scores.device)
-        slopes = None if slopes is None else slopes.view(1, -1, 1, 1)
-        scores = LOGIT_TRANSFORM_FUNCTIONS[transform](scores, layout.distance(rows), slopes, config.scale_invariant_tau)
+    scores = _transformed_scores(config, torch.matmul(query, key.transpose(2, 3)) * scaling, layout, rows)
     visible = layout.visible(config, rows)  # [b, 1, c, kv]
-    if config.attention_sparsity == "topk":
-        visible = topk_support(scores, visible, config.attention_topk)
+    select = SPARSITIES[config.attention_sparsity].select
+    if select is not None:
+        visible = select(scores, visible, config)
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
@@ -100,15 +95,15 @@ def chunked_attention_forward(module: nn.Module, query: torch.Tensor, key: torch
 
 def sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
-    """torch SDPA: ALiBi as an additive bias, window/block/global/padding as a boolean mask (LogN was applied to q)."""
+    """torch SDPA: an additive transform (ALiBi) as a float bias, window/block/global/padding/packing as a boolean
+    mask (LogN was applied to q)."""
     config = module.config
     layout = _layout(module, query, key, attention_mask, kwargs)
     q_len, kv_len = query.shape[-2], key.shape[-2]
     mask, is_causal = None, False
-    if config.attention_logit_transform == "alibi":
-        slopes = slopes_for(config, query.device).view(1, -1, 1, 1)
-        bias = -(slopes * layout.distance().to(torch.float32)).to(query.dtype)  # [b, h, q, kv]
-        mask = bias.masked_fill(~layout.visible(config), torch.finfo(query.dtype).min)
+    if LOGIT_TRANSFORMS[config.attention_logit_transform].additive:
+        bias = _transformed_scores(config, query.new_zeros((), dtype=torch.float32), layout, slice(None))
+        mask = bias.to(query.dtype).masked_fill(~layout.visible(config), torch.finfo(query.dtype).min)
     elif not layout.is_plain(config):
         mask = layout.visible(config)
     elif layout.causal and q_len == kv_len:
@@ -146,33 +141,46 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     layout = _layout(module, query, key, attention_mask, kwargs)
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[-2]
-    query_pos = layout.query_positions.expand(batch, q_len).contiguous()
-    key_pos = layout.key_positions.expand(batch, kv_len).contiguous()
-    valid = None if layout.key_valid is None else layout.key_valid.expand(batch, kv_len).contiguous()
-    lengths = layout.lengths().expand(batch).contiguous()
-    dense = None if layout.dense_mask is None else layout.dense_mask.expand(batch, 1, q_len, kv_len)
-    offset, causal = layout.query_offset, layout.causal
+    # One BlockMask and one score_mod per forward, shared by every layer (the BlockMask costs O(T²) mask_mod
+    # evaluations outside the kernel).
+    block_mask = layout.remember("flex_block_mask", slice(None), lambda: create_block_mask(
+        _flex_mask_mod(config, layout), batch, None, q_len, kv_len, device=query.device, _compile=FLEX_COMPILE))
+    score_mod = layout.remember("flex_score_mod", slice(None), lambda: _flex_score_mod(config, layout, query.device))
+    output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _flex_mask_mod(config, layout: AttentionLayout):
+    """`support` on FlexAttention's scalars; every per-forward value is a captured tensor (no recompilation)."""
+    query_pos, key_pos, valid, key_seq = layout.query_positions, layout.key_positions, layout.key_valid, layout.key_sequence
+    offset = torch.as_tensor(layout.query_offset, device=key_pos.device)
+    lengths = None if layout.causal else layout.lengths()
+    dense, causal = layout.dense_mask, layout.causal
 
     def mask_mod(b, h, q_idx, kv_idx):
         allowed = support(q_idx + offset, kv_idx, query_pos[b, q_idx], key_pos[b, kv_idx],
-                          None if valid is None else valid[b, kv_idx], lengths[b], config, causal)
+                          None if valid is None else valid[b, kv_idx],
+                          None if key_seq is None else key_seq[b, q_idx + offset],
+                          None if key_seq is None else key_seq[b, kv_idx],
+                          None if lengths is None else lengths[b, q_idx], config, causal)
         return allowed if dense is None else allowed & dense[b, 0, q_idx, kv_idx]
 
-    score_mod = None
-    transform = config.attention_logit_transform
-    if transform in ("alibi", "scale_invariant"):
-        function, tau = LOGIT_TRANSFORM_FUNCTIONS[transform], config.scale_invariant_tau
-        slopes = slopes_for(config, query.device)
+    return mask_mod
 
-        def score_mod(score, b, h, q_idx, kv_idx):
-            t = distance(query_pos[b, q_idx], key_pos[b, kv_idx], causal)
-            return function(score, t, None if slopes is None else slopes[h], tau)
 
-    # One BlockMask per forward, shared by every layer (building it costs O(T²) work outside the kernel).
-    block_mask = layout.remember("flex_block_mask", slice(None), lambda: create_block_mask(
-        mask_mod, batch, None, q_len, kv_len, device=query.device, _compile=FLEX_COMPILE))
-    output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
-    return output.transpose(1, 2).contiguous(), None
+def _flex_score_mod(config, layout: AttentionLayout, device):
+    """The registered transform's `score` on FlexAttention's scalars (None when it has none)."""
+    transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
+    if transform.score is None:
+        return None
+    query_pos, key_pos, head = layout.query_positions, layout.key_positions, head_tensor(transform, config, device)
+    function = transform.score
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return function(score.float(), query_pos[b, q_idx], key_pos[b, kv_idx], None if head is None else head[h],
+                        config).to(score.dtype)
+
+    return score_mod
 
 
 def flash_alibi_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -181,10 +189,11 @@ def flash_alibi_attention_forward(module: nn.Module, query: torch.Tensor, key: t
     if flash_attn_func is None:
         raise ImportError("attn_implementation='flash_attention_2' needs flash-attn (pip install .[flash] on CUDA)")
     layout = _layout(module, query, key, attention_mask, kwargs)
-    if layout.key_valid is not None or layout.dense_mask is not None:
-        raise ValueError("attention_logit_transform='alibi' on flash_attention_2 supports unpadded batches only; "
-                         "use sdpa, flex_attention, eager or angpt_chunked for padded batches")
-    slopes = slopes_for(module.config, query.device)
+    if layout.key_valid is not None or layout.dense_mask is not None or layout.key_sequence is not None:
+        raise ValueError("attention_logit_transform='alibi' on flash_attention_2 supports unpadded, unpacked batches "
+                         "only; use sdpa, flex_attention, eager or angpt_chunked for padded or packed batches")
+    transform = LOGIT_TRANSFORMS[module.config.attention_logit_transform]
+    slopes = head_tensor(transform, module.config, query.device)
     output = flash_attn_func(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), dropout_p=dropout,
                              softmax_scale=scaling, causal=layout.causal, alibi_slopes=slopes)
     return output, None
@@ -202,13 +211,19 @@ def uses_layout(config) -> bool:
     return (config._attn_implementation or "eager") in LAYOUT_BACKENDS
 
 
+_checked: set = set()  # (implementation, transform, sparsity) already checked: once, not per layer and forward
+_transform_hooks.append(_checked.clear)
+_sparsity_hooks.append(_checked.clear)
+
+
 def get_attention_function(config):
     """Our backend for `config._attn_implementation`, after checking that it computes this variant exactly;
     None means transformers' registered function of that name (ALL_ATTENTION_FUNCTIONS) computes it."""
     implementation = config._attn_implementation or "eager"
-    check_attention_backend(config, implementation)
-    if implementation in LAYOUT_BACKENDS:
-        return LAYOUT_BACKENDS[implementation]
-    if implementation == "flash_attention_2" and config.attention_logit_transform == "alibi":
+    key = (implementation, config.attention_logit_transform, config.attention_sparsity)
+    if key not in _checked:
+        check_attention_backend(config, implementation)
+        _checked.add(key)
+    if implementation == "flash_attention_2" and LOGIT_TRANSFORMS[key[1]].flash_alibi:
         return flash_alibi_attention_forward
-    return None
+    return LAYOUT_BACKENDS.get(implementation)

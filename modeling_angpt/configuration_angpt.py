@@ -7,45 +7,62 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
+from .logit_transforms_angpt import LOGIT_TRANSFORMS
+from .masks_angpt import SPARSITIES
+
 ARCHITECTURES = ("angpt", "ngpt", "gptplus")
 ALPHA_SHAPES = ("vector", "scalar")
 GATE_SQRT_D_PLACEMENTS = ("gate", "both")
-# Attention axes (SPEC.md §3); attention_angpt.py keys its registries by exactly these strings.
+# Attention axes (SPEC.md §3): the logit transforms and sparsity patterns are registries of behaviour
+# (logit_transforms_angpt.py, masks_angpt.py); users add their own with register_logit_transform/register_sparsity.
 ROPE_TYPES = ("default", "proportional", "scale_invariant_p", "dynamic", "yarn", "linear", "none")
-LOGIT_TRANSFORMS = ("none", "alibi", "logn", "scale_invariant")
-SPARSITIES = ("none", "topk", "window", "block")
-# Which attention backend computes which (logit transform, sparsity) exactly (SPEC §3). Positions are applied to
-# q and k outside every kernel, and LogN is a query scaling, so neither restricts the backend. scale_invariant
-# multiplies the score (not an additive mask) and top-k depends on the logits: only the explicit math (eager,
-# chunked eager) and, for scale_invariant, FlexAttention's score_mod compute them. attention_angpt.py enforces it.
-ATTENTION_BACKEND_SUPPORT = {
-    "eager": (LOGIT_TRANSFORMS, SPARSITIES),
-    "angpt_chunked": (LOGIT_TRANSFORMS, SPARSITIES),
-    "sdpa": (("none", "alibi", "logn"), ("none", "window", "block")),
-    "flex_attention": (("none", "alibi", "logn", "scale_invariant"), ("none", "window", "block")),
-    "flash_attention_2": (("none", "alibi", "logn"), ("none",)),
-}
-OTHER_BACKEND_SUPPORT = (("none", "logn"), ("none",))  # any other transformers backend (vLLM, paged, ...)
+BACKENDS = ("eager", "angpt_chunked", "sdpa", "flex_attention", "flash_attention_2")
+
+
+def backend_computes(implementation: str, transform: str, sparsity: str) -> bool:
+    """Whether a backend computes a (logit transform, sparsity) exactly (SPEC §3), from what each registered variant
+    is: positions are applied to q and k outside every kernel and a query scaling (LogN) runs anywhere; the explicit
+    math (eager, chunked eager) runs everything; FlexAttention runs any elementwise `score` and any `pattern`; SDPA
+    an additive `score` (as a bias) and any `pattern`; flash-attn only ALiBi natively and no sparsity; any other
+    transformers backend (vLLM, paged, ...) neither a score nor a sparsity."""
+    scored = LOGIT_TRANSFORMS[transform].score is not None
+    rule = SPARSITIES[sparsity]
+    if implementation in ("eager", "angpt_chunked"):
+        return True
+    if implementation == "flex_attention":
+        return rule.select is None
+    if implementation == "sdpa":
+        return (not scored or LOGIT_TRANSFORMS[transform].additive) and rule.select is None
+    if implementation == "flash_attention_2":
+        return (not scored or LOGIT_TRANSFORMS[transform].flash_alibi) and rule.pattern is None and rule.select is None
+    return not scored and rule.pattern is None and rule.select is None
 
 
 def attention_backends_supporting(transform: str, sparsity: str) -> list[str]:
-    return [name for name, (transforms, sparsities) in ATTENTION_BACKEND_SUPPORT.items()
-            if transform in transforms and sparsity in sparsities]
+    return [name for name in BACKENDS if backend_computes(name, transform, sparsity)]
 
 
 def check_attention_backend(config, implementation: str | None) -> None:
     """Raise a ValueError naming the variant and the backends that compute it, never fall back silently."""
     implementation = implementation or "eager"
-    transforms, sparsities = ATTENTION_BACKEND_SUPPORT.get(implementation, OTHER_BACKEND_SUPPORT)
     transform, sparsity = config.attention_logit_transform, config.attention_sparsity
-    for field, value, allowed in (("attention_logit_transform", transform, transforms),
-                                  ("attention_sparsity", sparsity, sparsities)):
-        if value not in allowed:
-            raise ValueError(
-                f"{field}={value!r} cannot run on attn_implementation={implementation!r}; backends that compute "
-                f"attention_logit_transform={transform!r} with attention_sparsity={sparsity!r}: "
-                f"{attention_backends_supporting(transform, sparsity)} (set it with "
-                f"model.set_attn_implementation(...) or from_pretrained(..., attn_implementation=...))")
+    if not backend_computes(implementation, transform, sparsity):
+        raise ValueError(
+            f"attention_logit_transform={transform!r} with attention_sparsity={sparsity!r} cannot run on "
+            f"attn_implementation={implementation!r}; backends that compute it: "
+            f"{attention_backends_supporting(transform, sparsity)} (set it with "
+            f"model.set_attn_implementation(...) or from_pretrained(..., attn_implementation=...))")
+
+
+def _check_registered(field: str, value, registry: dict, register: str) -> None:
+    if value not in registry:
+        raise ValueError(
+            f"AnGPTConfig.{field}={value!r} is not a registered variant; registered: {list(registry)}. A custom "
+            f"variant does not travel with a checkpoint: call modeling_angpt.{register}({value!r}, ...) in this "
+            "process before creating or loading the config (a trust_remote_code checkpoint needs it registered in "
+            "the downloaded module, so prefer installing the angpt package).")
+
+
 POOLINGS = ("mean", "last")
 
 
@@ -171,18 +188,20 @@ class AnGPTConfig(PreTrainedConfig):
         _check_positive("nu_att", self.nu_att)
         _check_choice("classifier_pooling", self.classifier_pooling, POOLINGS)
         self._validate_rope()
-        _check_choice("attention_logit_transform", self.attention_logit_transform, LOGIT_TRANSFORMS)
+        _check_registered("attention_logit_transform", self.attention_logit_transform, LOGIT_TRANSFORMS,
+                          "register_logit_transform")
         _check_positive("scale_invariant_tau", self.scale_invariant_tau)
         _check_positive("logn_init", self.logn_init, allow_none=True)
-        _check_choice("attention_sparsity", self.attention_sparsity, SPARSITIES)
+        _check_registered("attention_sparsity", self.attention_sparsity, SPARSITIES, "register_sparsity")
         for field in ("attention_topk", "attention_window", "attention_block_size"):
             _check_positive(field, getattr(self, field))
         if not isinstance(self.attention_global_tokens, int) or self.attention_global_tokens < 0:
             raise ValueError(f"AnGPTConfig.attention_global_tokens={self.attention_global_tokens!r} is not valid; "
                              "expected an integer >= 0")
-        if self.attention_global_tokens and self.attention_sparsity not in ("window", "block"):
+        if self.attention_global_tokens and SPARSITIES[self.attention_sparsity].pattern is None:
             raise ValueError(f"AnGPTConfig.attention_global_tokens={self.attention_global_tokens} is not valid with "
-                             f"attention_sparsity={self.attention_sparsity!r}; global tokens extend 'window' or 'block'")
+                             f"attention_sparsity={self.attention_sparsity!r}; global tokens extend a pattern "
+                             "('window', 'block' or a registered pattern)")
         if self.architecture != "gptplus" and self.hidden_size * 4 != self.intermediate_size:
             # ν_uz = √(d/4d) and ν_d = √(4d/d) (SPEC §1.3) assume the 4d width; nGPT shares the shapes.
             raise ValueError(f"AnGPTConfig.intermediate_size={self.intermediate_size} is not valid for "

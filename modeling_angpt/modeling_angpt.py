@@ -11,7 +11,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, create_masks_for_generate
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
@@ -25,7 +25,7 @@ from .card_angpt import write_model_card
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
 from .layers_angpt import RMSNorm, Scale, linear
-from .logit_transforms_angpt import logn_init_value, logn_query_scale
+from .logit_transforms_angpt import LOGIT_TRANSFORMS
 from .masks_angpt import AttentionLayout, positions_from_padding
 from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
 
@@ -52,10 +52,12 @@ class AnGPTAttention(nn.Module):
         self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
         self.qk_scale = arch.qk_scale(config)
         self.query_gain = arch.query_gain(config)  # folded form only: c_q = √d_h·s_qk² (SPEC §2)
-        # LogN/SSMax (SPEC §3.2): one learnable s per head, q ← s_h·log(n)·q; filled in _init_weights
+        # A query-scaling transform (LogN/SSMax, SPEC §3.2): one learnable s per head, q ← s_h·log(n)·q; filled in
+        # _init_weights (the state-dict name stays `logn_scale`)
+        self.logit_transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
         self.logn_scale = None
-        if config.attention_logit_transform == "logn":
-            self.logn_scale = nn.Parameter(torch.full((self.num_heads,), logn_init_value(config)))
+        if self.logit_transform.query_scale is not None:
+            self.logn_scale = nn.Parameter(torch.full((self.num_heads,), self.logit_transform.query_scale_init(config)))
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, past_key_values=None,
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -76,7 +78,7 @@ class AnGPTAttention(nn.Module):
         if self.logn_scale is not None:  # LogN as a query scaling, so every kernel runs it (SPEC §3.2)
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
                                                                                    self.is_causal)
-            query = query * logn_query_scale(self.logn_scale, layout.key_counts()).to(query.dtype)
+            query = query * self.logit_transform.query_scale(self.logn_scale, layout).to(query.dtype)
         # ours for the variants (raises if the backend cannot compute this one), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)
@@ -225,7 +227,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, Gain):
             init.ones_(module.weight)
         elif isinstance(module, AnGPTAttention) and module.logn_scale is not None:
-            init.constant_(module.logn_scale, logn_init_value(self.config))
+            init.constant_(module.logn_scale, module.logit_transform.query_scale_init(self.config))
         elif isinstance(module, AnGPTRotaryEmbedding):
             # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
             init.copy_(module.inv_freq, module.reset_parameters())
@@ -277,16 +279,24 @@ class AnGPTModel(AnGPTPreTrainedModel):
             raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        # Padding-free packing (transformers' DataCollatorWithFlattening): the caller's position_ids restart inside a
+        # row, with no mask and no cache; keys then see only their own sequence (decided without reading values).
+        packed = position_ids is not None and attention_mask is None and past_key_values is None
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
         past_seen = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if isinstance(past_seen, torch.Tensor):  # a static cache's counter, which its update() advances in place
+            past_seen = past_seen.clone()
+        length = inputs_embeds.shape[1]
+        new_index = torch.arange(length, device=inputs_embeds.device) + past_seen  # cache index of each new token
         if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
             # count real tokens, as generate does, so left padding changes no position (SPEC §3)
-            position_ids = positions_from_padding(attention_mask)[:, -inputs_embeds.shape[1]:]
+            position_ids = positions_from_padding(attention_mask).index_select(1, new_index)
         elif position_ids is None:
-            position_ids = torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device)[None] + past_seen
+            position_ids = new_index[None]
         # Our backends read positions (O(T)) instead of a T×T mask; transformers' own ones get their usual mask.
-        layout = AttentionLayout.build(self.config, attention_mask, position_ids, past_seen)
+        layout = AttentionLayout.build(self.config, attention_mask, position_ids, past_key_values, past_seen,
+                                       inputs_embeds.shape[0], packed)
         mask = None
         if not uses_layout(self.config):
             mask_args = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
@@ -309,6 +319,20 @@ class AnGPTModel(AnGPTPreTrainedModel):
 
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _can_compile_fullgraph = True  # no data-dependent branch in the forward; the static cache carries positions
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, position_ids=None,
+                                  **kwargs):
+        """generate's hook for compileable (static) caches. Our backends read a 2-D padding mask (positions, not a
+        T×T mask): hand it over padded to the cache length, so every decoding step has the same shapes (one compiled
+        graph). transformers' own backends get transformers' masks."""
+        if not uses_layout(config):
+            return create_masks_for_generate(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                             past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+        if attention_mask is None or attention_mask.dim() != 2:
+            return attention_mask
+        key_length = past_key_values.get_mask_sizes(inputs_embeds.shape[1], 0)[0]
+        return nn.functional.pad(attention_mask, (0, key_length - attention_mask.shape[-1]))
 
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)
