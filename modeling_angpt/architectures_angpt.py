@@ -165,7 +165,8 @@ class AnGPT(Architecture):
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1
-        return ApproxLerp(size, config.alpha_init, 1.0 / math.sqrt(config.hidden_size), config.alpha_abs)
+        return ApproxLerp(size, config.alpha_init, 1.0 / math.sqrt(config.hidden_size), config.alpha_abs,
+                          nu=config.alpha_nu)
 
     def constants(self, config):
         d, d_h, m = config.hidden_size, config.head_dim, config.intermediate_size

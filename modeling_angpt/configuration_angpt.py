@@ -88,6 +88,7 @@ class AnGPTConfig(PreTrainedConfig):
         alpha_shape: `"vector"` (one α per hidden dimension) or `"scalar"` (one per sublayer) [flag].
         alpha_init: initial LERP weight α for nGPT/anGPT (0.05; the anGPT paper also mentions 0.01) [flag].
         alpha_abs: use |α| as the NVIDIA nGPT code does, instead of α with its sign [flag].
+        alpha_nu: anGPT only; multiply each LERP residual by ν(α) (SPEC §1.3). False is the paper's ablation.
         gate_sqrt_d: where nGPT/anGPT put the √d factor of the MLP: `"gate"` (paper) or `"both"` (NVIDIA code) [flag].
         nu_att: constant factor on the attention output o (1 = none, SPEC §1.3) [flag].
         rope_parameters: transformers 5 RoPE dict: `rope_type`, `rope_theta`, `partial_rotary_factor` (default 0.5).
@@ -124,6 +125,7 @@ class AnGPTConfig(PreTrainedConfig):
     alpha_shape: str = "vector"
     alpha_init: float = 0.05
     alpha_abs: bool = False
+    alpha_nu: bool = True
     gate_sqrt_d: str = "gate"
     nu_att: float = 1.0
     rope_parameters: dict | None = None

@@ -111,19 +111,23 @@ class ApproxLerp(nn.Module):
 
     β = ν(α)·α is folded into the branch's output projection (the branch is called with the row scale
     β·constant and returns x̃ = β ⊙ x), so the residual itself is a single `addcmul` with γ = ν(α)(1 − α): this is the
-    training-time half of the fold of SPEC §2. Gradients flow through ν(α) into α.
+    training-time half of the fold of SPEC §2. Gradients flow through ν(α) into α. `nu=False` drops the ν(α)
+    factor (the paper's ablation, which it reports as unstable).
     """
 
-    def __init__(self, size: int, alpha_init: float, alpha_scale: float, alpha_abs: bool) -> None:
+    def __init__(self, size: int, alpha_init: float, alpha_scale: float, alpha_abs: bool, nu: bool = True) -> None:
         super().__init__()
         self.alpha = Scale(size, alpha_init, alpha_scale)
         self.alpha_abs = alpha_abs
+        self.nu = nu
 
     def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(γ, β) with γ = ν(α)(1 − α) on the stream and β = ν(α) α on the branch (SPEC §2 notation)."""
         alpha = self.alpha()
         if self.alpha_abs:
             alpha = alpha.abs()
+        if not self.nu:
+            return 1.0 - alpha, alpha
         nu = lerp_nu(alpha)
         return nu * (1.0 - alpha), nu * alpha
 

@@ -57,8 +57,9 @@ def test_folded_logits_match(tiny_config, architecture, rope, dtype):
             assert (expected - actual).abs().max() <= tolerance(expected, dtype)
 
 
-# Flags that change what is folded: scalar α, |α|, √d on both u and z, tied embeddings, GPT+ without QK-norm.
+# Flags that change what is folded: scalar α, |α|, no ν(α), √d on both u and z, tied embeddings, GPT+ without QK-norm.
 VARIANTS = [("angpt", dict(alpha_shape="scalar")), ("angpt", dict(alpha_abs=True, gate_sqrt_d="both")),
+            ("angpt", dict(alpha_nu=False)),
             ("angpt", dict(tie_word_embeddings=True, nu_att=0.7)), ("ngpt", dict(alpha_abs=True, gate_sqrt_d="both")),
             ("ngpt", dict(alpha_shape="scalar")), ("gptplus", dict(qk_norm=False)),
             ("gptplus", dict(tie_word_embeddings=True, intermediate_size=48))]
