@@ -110,3 +110,13 @@ def test_split_is_deterministic_disjoint_and_independent_of_the_training_seed():
     np.testing.assert_array_equal(val_a, val_b)
     assert not set(train_a[:, 0]) & set(val_a[:, 0])                  # no block in both
     assert set(train_a[:, 0]) | set(val_a[:, 0]) == set(blocks[:, 0])  # none lost
+
+
+def test_a_dataset_directory_ignores_the_cache_written_beside_it(tmp_path):
+    from modeling_angpt.training.data import resolve_source
+
+    (tmp_path / "a.txt").write_text("hello")
+    cache = tmp_path / ".angpt_cache" / "tokenizer-bpe300-x"
+    cache.mkdir(parents=True)
+    (cache / "tokenizer.json").write_text("{}")  # what a first run leaves behind
+    assert [p.rsplit("/", 1)[-1] for p in resolve_source(str(tmp_path)).files] == ["a.txt"]

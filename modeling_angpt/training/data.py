@@ -61,7 +61,9 @@ def resolve_source(dataset: str) -> DataSource:
     for part in parts:
         path = Path(part).expanduser()
         if path.is_dir():
-            files += sorted(f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file())
+            # hidden entries skipped: the tokenizer/blocks cache (.angpt_cache) lives beside the data by default
+            files += sorted(f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file()
+                            and not any(part.startswith(".") for part in f.relative_to(path).parts))
         elif path.is_file():
             files.append(path)
         else:
