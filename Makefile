@@ -44,12 +44,16 @@ $(DEMO_DIR)/folded/config.json: $(DEMO_DIR)/final/config.json
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -x --durations=15
 
-# Speed and memory benchmarks (minutes each on 2 cores; run on a quiet machine). Figures go to bench/RESULTS.md.
+# Speed, memory and reproduction benchmarks (speed ones on a quiet machine; the reproductions up to about two hours
+# each on 2 cores and need the corpus of bench/build_corpus.sh). Figures go to bench/RESULTS.md, plots to bench/plots.
 bench: $(STAMP)
-	$(VENV)/bin/python bench/train_step_time.py --bf16
+	$(VENV)/bin/python bench/throughput.py
 	$(VENV)/bin/python bench/inference_speed.py
 	$(VENV)/bin/python bench/long_context_memory.py
+	test -d bench/corpus || bench/build_corpus.sh bench/corpus $(PY)
 	$(VENV)/bin/python bench/convergence.py
+	$(VENV)/bin/python bench/length_generalisation.py
+	$(VENV)/bin/python bench/needle.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs eval_results

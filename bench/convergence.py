@@ -1,40 +1,175 @@
 #!/usr/bin/env python
-"""Convergence of anGPT and nGPT against GPT+ at small scale (SPEC §5: 1.40× / 1.29× fewer tokens at 0.5B).
+"""Convergence of anGPT and nGPT against GPT+ (SPEC §5: 1.40× / 1.29× fewer tokens to the same loss at 0.5B).
 
-Each architecture trains with its own recipe defaults (SPEC §1: GPT+ AdamW, weight decay, 20 % warm-up; nGPT and
-anGPT Adam with neither) at each learning rate of a small sweep, so every architecture is compared at its best
-rate (DESIGN.md: anGPT tolerates about twice GPT+'s). The speed-up is the number of tokens GPT+ (best rate)
-needs to reach its final validation loss, divided by the tokens the other architecture needs to reach it
-(linear interpolation between evaluations). Writes bench/convergence.png and a RESULTS.md section.
+GPT+, nGPT and anGPT of one shape train on the Debian benchmark corpus (bench/build_corpus.sh, ~20 M tokens:
+no run sees a block twice), each with its paper recipe (SPEC §1: GPT+ AdamW, weight decay 0.1, 20 % warm-up;
+nGPT and anGPT Adam with neither; cosine to 0.01 × peak; clip 1.0) at every learning rate of a sweep. The sweep
+starts as a factor-2 grid around a centre and grows by a factor 2 past whichever edge is best, up to
+--max-extend times per architecture; a best rate still on an edge after that is reported as such. Then
+--seeds seeds run at each best rate, and the anGPT ablations at anGPT's best rate: α init 0.01 (vs 0.05),
+no ν(α) on the LERP residual, and a 5 % warm-up.
 
-    python bench/convergence.py [--steps 400] [--recipe configuration/recipes/demo_cpu.yaml]
+speed-up (per seed) = tokens GPT+ needs to reach its final validation loss / tokens the other needs to reach
+that loss (linear interpolation between evaluations); reported as the median and range over seeds.
+
+Every finished run is cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes, and
+--report-only writes RESULTS.md from whatever has finished (a partial sweep is marked as partial).
+
+    python bench/convergence.py                     # default: d=256, 4 layers, 500 steps (~2 h on 2 CPU cores)
+    python bench/convergence.py --size quick        # d=64, minutes
+    python bench/convergence.py --size device       # d=512, 8 layers, 3000 steps on a GPU
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import pathlib
+import shutil
+import statistics
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-from results_file import update_section
+import results_file as rf
 
-from modeling_angpt.training import load_recipe, train
-
-SWEEP = {"gptplus": (2e-3, 4e-3), "angpt": (4e-3, 8e-3), "ngpt": (4e-3, 8e-3)}
-HERE = pathlib.Path(__file__).parent
-
-
-def run(architecture: str, lr: float, args) -> dict:
-    out = pathlib.Path(args.output_dir) / f"{architecture}-lr{lr:g}"
-    recipe = load_recipe(args.recipe, [f"architecture={architecture}", f"learning_rate={lr}",
-                                       f"max_steps={args.steps}", f"eval_steps={args.eval_steps}",
-                                       f"output_dir={out}", "save_steps=100000", "disable_tqdm=true",
-                                       "report_to=[jsonl]"])
-    result = train(recipe)
-    tokens_per_step = recipe.per_device_train_batch_size * recipe.gradient_accumulation_steps * recipe.block_size
-    curve = [(step * tokens_per_step, loss) for step, loss in result.val_losses]
-    return {"architecture": architecture, "lr": lr, "curve": curve, "final": curve[-1][1]}
+ARCHS = ("gptplus", "ngpt", "angpt")
+# Per size: model shape, run length, and the centre of each architecture's initial learning-rate grid.
+SIZES = {
+    "default": dict(hidden=256, layers=4, heads=4, vocab=8192, block=128, batch=16, steps=500, eval_steps=25,
+                    eval_batches=4, centre={"gptplus": 4e-3, "ngpt": 8e-3, "angpt": 8e-3}),
+    "quick": dict(hidden=64, layers=2, heads=2, vocab=8192, block=64, batch=8, steps=60, eval_steps=10,
+                  eval_batches=2, centre={"gptplus": 4e-3, "ngpt": 8e-3, "angpt": 8e-3}),
+    "device": dict(hidden=512, layers=8, heads=8, vocab=16384, block=512, batch=32, steps=3000, eval_steps=100,
+                   eval_batches=16, centre={"gptplus": 2e-3, "ngpt": 4e-3, "angpt": 4e-3}),
+}
+# anGPT ablations (SPEC §1.3 [flag]s), each one change from anGPT's recipe at its best learning rate, seed 0.
+ABLATIONS = {"alpha0.01": ("α init 0.01", ["model_kwargs.alpha_init=0.01"]),
+             "no_nu": ("no ν(α) on the residual", ["model_kwargs.alpha_nu=false"]),
+             "warmup": ("5 % linear warm-up", ["warmup_ratio=0.05"])}
 
 
+def run_name(spec: dict) -> str:
+    tail = f"-{spec['ablation']}" if spec.get("ablation") else ""
+    return f"{spec['arch']}-lr{spec['lr']:g}-s{spec['seed']}{tail}"
+
+
+def run_one(spec: dict, cfg: dict, prepare_only: bool = False) -> dict:
+    """Train one run (in a worker process) and return its validation curve against tokens."""
+    import torch
+
+    from modeling_angpt.training import NonFiniteLossError, load_recipe, train
+    from modeling_angpt.training.metrics import read_metrics
+
+    torch.set_num_threads(cfg["threads"])
+    out = pathlib.Path(cfg["output_dir"]) / run_name(spec)
+    shutil.rmtree(out, ignore_errors=True)
+    d = cfg["hidden"]
+    shape = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
+             "num_attention_heads": cfg["heads"], "max_position_embeddings": cfg["block"]}
+    overrides = [f"architecture={spec['arch']}", f"learning_rate={spec['lr']}", f"seed={spec['seed']}",
+                 f"max_steps={cfg['steps']}", f"eval_steps={cfg['eval_steps']}", f"dataset={cfg['dataset']}",
+                 f"tokenizer_vocab_size={cfg['vocab']}", f"block_size={cfg['block']}",
+                 f"per_device_train_batch_size={cfg['batch']}", f"per_device_eval_batch_size={2 * cfg['batch']}",
+                 f"eval_max_batches={cfg['eval_batches']}", f"output_dir={out}", "save_steps=0",
+                 "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=10",
+                 *[f"model_kwargs.{k}={v}" for k, v in shape.items()], *ABLATIONS.get(spec.get("ablation"), ("", []))[1]]
+    recipe = load_recipe(cfg["recipe"], overrides)
+    if prepare_only:  # tokenizer and packed blocks, cached for the workers (which would otherwise race)
+        import contextlib
+
+        from modeling_angpt.training.data import build_datasets, resolve_source
+        return build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)[3]
+    tokens_per_step = recipe.per_device_train_batch_size * recipe.block_size * recipe.gradient_accumulation_steps
+    start = time.perf_counter()
+    try:
+        result = train(recipe)
+        val, diverged = result.val_losses, False
+    except NonFiniteLossError:
+        val = [[r["step"], r["val_loss"]] for r in read_metrics(out / "metrics.jsonl") if "val_loss" in r]
+        diverged = True
+    info = json.loads((out / "final" / "training_metadata.json").read_text())["data"] if not diverged else {}
+    curve = [(step * tokens_per_step, loss) for step, loss in val]
+    final = curve[-1][1] if curve and not diverged else math.inf
+    record = {**spec, "curve": curve, "final": final, "diverged": diverged, "wall_s": time.perf_counter() - start,
+              "tokens": cfg["steps"] * tokens_per_step, "train_tokens_available": info.get("train_tokens"),
+              "val_tokens_per_eval": cfg["eval_batches"] * 2 * cfg["batch"] * cfg["block"]}
+    for heavy in ("checkpoints", "final", ".tmp_final"):  # only the curve is needed; keep the disk free
+        shutil.rmtree(out / heavy, ignore_errors=True)
+    (out / "result.json").write_text(json.dumps(record))
+    return record
+
+
+# --- what to run next, from what has finished ----------------------------------------------------------------
+def sweep_state(results: list[dict], arch: str, cfg: dict) -> tuple[list[float], float | None, bool]:
+    """(rates to run now, best rate if the sweep is settled, best-at-edge flag) for one architecture."""
+    centre, n = cfg["centre"][arch], cfg["grid_points"]
+    grid = [centre * 2.0 ** (k - (n - 1) // 2) for k in range(n)]
+    done = {r["lr"]: r["final"] for r in results if r["arch"] == arch and r["seed"] == 0 and not r.get("ablation")}
+    extensions = 0
+    while True:
+        missing = [lr for lr in grid if not any(math.isclose(lr, x) for x in done)]
+        if missing:
+            return missing, None, False
+        finals = [next(done[x] for x in done if math.isclose(x, lr)) for lr in grid]
+        best = grid[min(range(len(grid)), key=finals.__getitem__)]
+        at_low, at_high = best == grid[0], best == grid[-1]
+        if not (at_low or at_high) or all(math.isinf(f) for f in finals):
+            return [], best, False
+        if extensions >= cfg["max_extend"]:
+            return [], best, True
+        grid = [grid[0] / 2] + grid if at_low else grid + [grid[-1] * 2]
+        extensions += 1
+
+
+def needed_runs(results: list[dict], cfg: dict) -> list[dict]:
+    """Sweeps first, then seeds, then ablations: a run cut short leaves the most important part done."""
+    needed = []
+    for arch in cfg["archs"]:
+        missing, best, _ = sweep_state(results, arch, cfg)
+        needed += [{"arch": arch, "lr": lr, "seed": 0} for lr in missing]
+        if best is None:
+            continue
+        needed += [{"arch": arch, "lr": best, "seed": s} for s in range(1, cfg["seeds"])]
+        if arch == "angpt" and cfg["ablations"]:
+            needed += [{"arch": arch, "lr": best, "seed": 0, "ablation": name} for name in ABLATIONS]
+    return sorted(needed, key=lambda s: (s["seed"] > 0 or "ablation" in s) + ("ablation" in s))
+
+
+def load_results(output_dir: pathlib.Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(output_dir.glob("*/result.json"))]
+
+
+def execute(cfg: dict, report) -> list[dict]:
+    """Run what is needed until nothing is, `jobs` at a time; `report(results)` after every finished run."""
+    output_dir = pathlib.Path(cfg["output_dir"])
+    results = load_results(output_dir)
+    submitted: set[str] = {run_name(r) for r in results}
+    if cfg["jobs"] == 1:
+        while todo := [s for s in needed_runs(results, cfg) if run_name(s) not in submitted]:
+            submitted.add(run_name(todo[0]))
+            results.append(run_one(todo[0], cfg))
+            report(results)
+        return results
+    import multiprocessing
+
+    with ProcessPoolExecutor(cfg["jobs"], mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {}
+        while True:
+            for spec in needed_runs(results, cfg):
+                if run_name(spec) not in submitted and len(running) < cfg["jobs"]:
+                    submitted.add(run_name(spec))
+                    running[pool.submit(run_one, spec, cfg)] = spec
+            if not running:
+                return results
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                running.pop(future)
+                results.append(future.result())
+            report(results)
+
+
+# --- report ---------------------------------------------------------------------------------------------------
 def tokens_to_reach(curve, target: float) -> float | None:
     """First token count at which the validation loss reaches `target` (linear between evaluations)."""
     for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
@@ -43,61 +178,201 @@ def tokens_to_reach(curve, target: float) -> float | None:
     return None
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default=str(HERE.parent / "configuration/recipes/demo_cpu.yaml"))
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--eval-steps", type=int, default=25)
-    parser.add_argument("--output-dir", default="runs/convergence")
-    parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
-    args = parser.parse_args(argv)
+def spread(values: list[float], fmt: str, unit: str = "") -> str:
+    """Median (min–max) over seeds."""
+    if not values:
+        return "—"
+    f = lambda x: format(x, fmt) + unit  # noqa: E731
+    if len(values) == 1:
+        return f(values[0]) + " (1 seed)"
+    return f"{f(statistics.median(values))} ({f(min(values))}–{f(max(values))})"
 
-    runs = [run(arch, lr, args) for arch, lrs in SWEEP.items() for lr in lrs]
-    (pathlib.Path(args.output_dir) / "runs.json").write_text(json.dumps(runs, indent=1))
-    best = {arch: min((r for r in runs if r["architecture"] == arch), key=lambda r: r["final"]) for arch in SWEEP}
-    target = best["gptplus"]["final"]
-    base_tokens = tokens_to_reach(best["gptplus"]["curve"], target)
 
+def summarise(results: list[dict], cfg: dict) -> dict:
+    """Best rates, per-seed speed-ups against GPT+ (seed-paired), ablations, and what is still missing."""
+    finished = {run_name(r) for r in results}
+    out = {"sweep": {}, "seeds": {}, "speedup": {}, "ablations": {},
+           "missing": [s for s in needed_runs(results, cfg) if run_name(s) not in finished]}
+    for arch in cfg["archs"]:
+        _, best, edge = sweep_state(results, arch, cfg)
+        out["sweep"][arch] = {"runs": sorted((r for r in results if r["arch"] == arch and r["seed"] == 0
+                                              and not r.get("ablation")), key=lambda r: r["lr"]),
+                              "best": best, "edge": edge}
+        if best is not None:
+            out["seeds"][arch] = {r["seed"]: r for r in results if r["arch"] == arch and not r.get("ablation")
+                                  and math.isclose(r["lr"], best)}
+    base = out["seeds"].get("gptplus", {})
+    for arch, by_seed in out["seeds"].items():
+        ratios, reached = [], []
+        for seed, run in sorted(by_seed.items()):
+            if seed not in base or math.isinf(base[seed]["final"]):
+                continue
+            target = base[seed]["final"]
+            mine, theirs = tokens_to_reach(run["curve"], target), tokens_to_reach(base[seed]["curve"], target)
+            reached.append(mine)
+            if mine and theirs:
+                ratios.append(theirs / mine)
+        out["speedup"][arch] = {"ratios": ratios, "not_reached": sum(m is None for m in reached)}
+    if "angpt" in out["seeds"] and 0 in out["seeds"]["angpt"]:
+        baseline = out["seeds"]["angpt"][0]
+        for r in results:
+            if r.get("ablation"):
+                out["ablations"][r["ablation"]] = {**r, "tokens_to_baseline": tokens_to_reach(r["curve"],
+                                                                                              baseline["final"])}
+    return out
+
+
+def section(summary: dict, cfg: dict, command: str) -> str:
+    runs = [r for s in summary["sweep"].values() for r in s["runs"]]
+    tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
+    available = next((r["train_tokens_available"] for r in runs if r.get("train_tokens_available")), None)
+    partial = summary["missing"]
     lines = ["## Convergence: tokens to GPT+'s final validation loss (SPEC §5: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
-             f"`bench/convergence.py --steps {args.steps}`: the demo recipe's model (d=128, 4 layers, 4 heads, "
-             f"Shakespeare; `{pathlib.Path(args.recipe).name}`), {args.steps} steps, bf16 autocast on "
-             f"the 2-core CPU, validation every {args.eval_steps} steps; each architecture at its best learning "
-             f"rate of the sweep {json.dumps({k: list(v) for k, v in SWEEP.items()})}. One seed: a small-scale "
-             "check of direction, not a reproduction of the paper's figure.", "",
-             "| architecture | best lr | final val loss (lr sweep) | tokens to GPT+'s final loss | speed-up vs GPT+ |",
-             "|---|---|---|---|---|"]
-    for arch in SWEEP:
-        reached = tokens_to_reach(best[arch]["curve"], target)
-        sweep = ", ".join(f"{r['lr']:g}: {r['final']:.3f}" for r in runs if r["architecture"] == arch)
-        speed = f"{base_tokens / reached:.2f}×" if reached else "not reached"
-        lines.append(f"| {arch} | {best[arch]['lr']:g} | {best[arch]['final']:.3f} ({sweep}) | "
-                     f"{f'{reached:,.0f}' if reached else '—'} | {speed} |")
-    edge = [arch for arch in SWEEP if best[arch]["lr"] == max(SWEEP[arch])]
-    if edge:
-        lines += ["", f"Caveat: the best rate of {', '.join(edge)} is the largest of its sweep, so a wider sweep "
-                      "could move these ratios."]
-    lines += ["", "![validation loss against tokens](convergence.png)"]
-    section = "\n".join(lines)
-    print(section)
-    if not args.no_write:
-        plot(best, HERE / "convergence.png")
-        update_section("convergence", section)
+             f"`{command}`", "",
+             f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
+             f"MLP 4d, vocab {cfg['vocab']} (byte-level BPE on the corpus), context {cfg['block']}; "
+             f"{cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run"
+             + (f" of the {available:,}-token training split of `{cfg['dataset']}` ({tokens / available:.1%}: "
+                "no block is seen twice)" if available else f" from `{cfg['dataset']}`")
+             + f"; bf16 autocast; validation every {cfg['eval_steps']} steps on the same "
+             f"{cfg['eval_batches'] * 2 * cfg['batch'] * cfg['block']:,} held-out tokens for every run. "
+             f"{cfg['jobs']} runs in parallel, {cfg['threads']} thread(s) each.", ""]
+    if partial:
+        lines += [f"**Partial**: {len(partial)} planned run(s) had not finished when this was written "
+                  f"({', '.join(run_name(s) for s in partial[:8])}{', …' if len(partial) > 8 else ''}); "
+                  "the tables show what had.", ""]
+    lines += ["Learning-rate sweep (seed 0, final validation loss; ∞ = diverged):", "",
+              "| architecture | sweep | best lr | best inside the sweep? |", "|---|---|---|---|"]
+    for arch, s in summary["sweep"].items():
+        cells = ", ".join(f"{r['lr']:g}: {r['final']:.3f}" if not r["diverged"] else f"{r['lr']:g}: ∞" for r in s["runs"])
+        inside = "—" if s["best"] is None else ("**no: best at the edge after extending**" if s["edge"] else "yes")
+        lines.append(f"| {arch} | {cells or '—'} | {'—' if s['best'] is None else format(s['best'], 'g')}"
+                     f"{' (sweep unfinished)' if s['best'] is None and s['runs'] else ''} | {inside} |")
+    lines += ["", f"At the best rate, {cfg['seeds']} seeds (median, range over seeds); speed-up per seed = tokens "
+              "GPT+ (same seed) needs to reach its final loss / tokens the architecture needs to reach it:", "",
+              "| architecture | best lr | seeds done | final val loss | speed-up vs GPT+ |", "|---|---|---|---|---|"]
+    for arch, by_seed in summary["seeds"].items():
+        finals = [r["final"] for r in by_seed.values()]
+        sp = summary["speedup"].get(arch, {"ratios": [], "not_reached": 0})
+        speed = spread(sp["ratios"], ".2f", "×")
+        if sp["not_reached"]:
+            speed += f"; GPT+'s loss not reached in {sp['not_reached']} seed(s)"
+        lines.append(f"| {arch} | {summary['sweep'][arch]['best']:g} | {len(by_seed)}/{cfg['seeds']} | "
+                     f"{spread(finals, '.3f')} | {speed} |")
+    if summary["ablations"] or cfg["ablations"]:
+        base = summary["seeds"].get("angpt", {}).get(0)
+        lines += ["", "anGPT ablations at anGPT's best rate, seed 0 (baseline: α init 0.05, ν(α) on, no warm-up"
+                  + (f", final loss {base['final']:.3f}" if base else "") + "):", "",
+                  "| ablation | final val loss | Δ vs baseline | tokens to the baseline's final loss |", "|---|---|---|---|"]
+        for key, (name, _) in ABLATIONS.items():
+            r = summary["ablations"].get(key)
+            if r is None:
+                lines.append(f"| {name} | not run yet | | |")
+                continue
+            delta = f"{r['final'] - base['final']:+.3f}" if base and not r["diverged"] else "—"
+            reach = f"{r['tokens_to_baseline']:,.0f}" if r["tokens_to_baseline"] else "not reached"
+            lines.append(f"| {name} | {'diverged' if r['diverged'] else format(r['final'], '.3f')} | {delta} | {reach} |")
+    lines += ["", f"![validation loss against tokens, seed band = min–max over seeds]({cfg['plot_link']})"]
+    return "\n".join(lines)
 
 
-def plot(best: dict, path: pathlib.Path) -> None:
+def plot(summary: dict, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for arch, r in best.items():
-        tokens, losses = zip(*r["curve"])
-        axis.plot(tokens, losses, label=f"{arch} (lr {r['lr']:g})")
-    axis.set(xlabel="training tokens", ylabel="validation loss", ylim=(None, min(8.5, max(losses) + 0.5)))
-    axis.legend()
+    figure, (curves, sweep, ablation) = plt.subplots(1, 3, figsize=(15, 4.2))
+    finals = []
+    for arch, by_seed in summary["seeds"].items():
+        runs = [r for r in by_seed.values() if r["curve"] and not r["diverged"]]
+        if not runs:
+            continue
+        length = min(len(r["curve"]) for r in runs)
+        tokens = [t for t, _ in runs[0]["curve"][:length]]
+        losses = [[r["curve"][i][1] for r in runs] for i in range(length)]
+        line, = curves.plot(tokens, [statistics.median(x) for x in losses],
+                            label=f"{arch} lr {summary['sweep'][arch]['best']:g} ({len(runs)} seeds)")
+        curves.fill_between(tokens, [min(x) for x in losses], [max(x) for x in losses], alpha=0.25,
+                            color=line.get_color())
+        finals += [x for x in losses[-1]] + [statistics.median(x) for x in losses[length // 4:length // 4 + 1]]
+    if finals:
+        curves.set_ylim(min(finals) - 0.1, max(finals) + 0.1)
+    curves.set(xlabel="training tokens", ylabel="validation loss", title="best rate, median and seed range")
+    for arch, s in summary["sweep"].items():
+        points = [(r["lr"], r["final"]) for r in s["runs"] if not r["diverged"]]
+        if points:
+            sweep.plot(*zip(*points), "o-", label=arch)
+    sweep.set(xscale="log", xlabel="peak learning rate", ylabel="final validation loss", title="sweep (seed 0)")
+    base = summary["seeds"].get("angpt", {}).get(0)
+    for name, r in [("baseline", base)] + [(ABLATIONS[k][0], r) for k, r in summary["ablations"].items()]:
+        if r and r["curve"]:
+            ablation.plot(*zip(*r["curve"]), label=name + (" (diverged)" if r.get("diverged") else ""))
+    if base:
+        ablation.set_ylim(base["final"] - 0.15, base["final"] + 0.6)
+    ablation.set(xlabel="training tokens", ylabel="validation loss", title="anGPT ablations (seed 0)")
+    for axis in (curves, sweep, ablation):
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=8)
+        axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def parse_config(argv) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="default")
+    parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device)")
+    for name in ("hidden", "layers", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
+    parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
+    parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS))
+    parser.add_argument("--grid-points", type=int, default=3, help="initial learning rates per architecture")
+    parser.add_argument("--max-extend", type=int, default=2, help="extra rates past an edge, per architecture")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--no-ablations", dest="ablations", action="store_false")
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
+    parser.add_argument("--output-dir", default="runs/convergence")
+    parser.add_argument("--report-only", action="store_true", help="write RESULTS.md from finished runs only")
+    rf.add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    cfg = dict(SIZES["device" if args.device else args.size])
+    cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
+    cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    cfg["archs"] = [a for a in ARCHS if a in args.archs]
+    if "gptplus" not in cfg["archs"]:
+        parser.error("--archs must include gptplus: speed-ups are measured against it")
+    return cfg
+
+
+def main(argv=None):
+    cfg = parse_config(argv)
+    output_dir = pathlib.Path(cfg["output_dir"])
+    output_dir.mkdir(parents=True, exist_ok=True)
+    command_file = output_dir / "command.txt"
+    if not cfg["report_only"]:
+        command_file.write_text(rf.command_line("convergence.py", argv))
+    command = command_file.read_text() if command_file.exists() else rf.command_line("convergence.py", argv)
+    png = pathlib.Path(cfg["plots_dir"]) / "convergence.png"
+    cfg["plot_link"] = rf.plot_link(cfg["results"], png)
+
+    def report(results: list[dict]) -> str:
+        summary = summarise(results, cfg)
+        cfg["machine"] = rf.machine_line()
+        text = section(summary, cfg, command)
+        if not cfg["no_write"]:
+            plot(summary, png)
+            rf.update_section("convergence", text, cfg["results"])
+        return text
+
+    if not cfg["report_only"]:
+        run_one({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, prepare_only=True)
+    results = load_results(output_dir) if cfg["report_only"] else execute(cfg, report)
+    print(report(results))
 
 
 if __name__ == "__main__":

