@@ -113,8 +113,8 @@ def sweep_state(results: list[dict], arch: str, cfg: dict) -> tuple[list[float],
             return missing, None, False
         finals = [next(done[x] for x in done if math.isclose(x, lr)) for lr in grid]
         best = grid[min(range(len(grid)), key=finals.__getitem__)]
-        at_low, at_high = best == grid[0], best == grid[-1]
-        if not (at_low or at_high) or all(math.isinf(f) for f in finals):
+        at_low, at_high = best == grid[0] or all(math.isinf(f) for f in finals), best == grid[-1]
+        if not (at_low or at_high):
             return [], best, False
         if extensions >= cfg["max_extend"]:
             return [], best, True
@@ -227,16 +227,20 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
     available = next((r["train_tokens_available"] for r in runs if r.get("train_tokens_available")), None)
     partial = summary["missing"]
+    dataset = os.path.relpath(cfg["dataset"]) if os.path.isabs(cfg["dataset"]) else cfg["dataset"]
     lines = ["## Convergence: tokens to GPT+'s final validation loss (SPEC §5: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
              f"`{command}`", "",
              f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
              f"MLP 4d, vocab {cfg['vocab']} (byte-level BPE on the corpus), context {cfg['block']}; "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run"
-             + (f" of the {available:,}-token training split of `{cfg['dataset']}` ({tokens / available:.1%}: "
-                "no block is seen twice)" if available else f" from `{cfg['dataset']}`")
+             + (f" of the {available:,}-token training split of `{dataset}` ({tokens / available:.1%}: "
+                "no block is seen twice)" if available else f" from `{dataset}`")
              + f"; bf16 autocast; validation every {cfg['eval_steps']} steps on the same "
              f"{cfg['eval_batches'] * 2 * cfg['batch'] * cfg['block']:,} held-out tokens for every run. "
              f"{cfg['jobs']} runs in parallel, {cfg['threads']} thread(s) each.", ""]
+    if cfg.get("changed"):
+        lines += [f"Run at a reduced setting; what differs from `--size {cfg.get('size', 'default')}`: "
+                  + ", ".join(f"{k} {v} (default {d})" for k, (v, d) in cfg["changed"].items()) + ".", ""]
     if partial:
         lines += [f"**Partial**: {len(partial)} planned run(s) had not finished when this was written "
                   f"({', '.join(run_name(s) for s in partial[:8])}{', …' if len(partial) > 8 else ''}); "
@@ -340,8 +344,10 @@ def parse_config(argv) -> dict:
     parser.add_argument("--report-only", action="store_true", help="write RESULTS.md from finished runs only")
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = dict(SIZES["device" if args.device else args.size])
+    cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
     cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
+    defaults = {**SIZES[cfg["size"]], **{k: parser.get_default(k) for k in ("grid_points", "max_extend", "seeds")}}
+    cfg["changed"] = {k: [cfg[k], v] for k, v in defaults.items() if cfg[k] != v}
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     cfg["archs"] = [a for a in ARCHS if a in args.archs]
     if "gptplus" not in cfg["archs"]:
@@ -349,13 +355,20 @@ def parse_config(argv) -> dict:
     return cfg
 
 
+OUTPUT_KEYS = ("results", "plots_dir", "no_write", "report_only", "output_dir")
+
+
 def main(argv=None):
     cfg = parse_config(argv)
     output_dir = pathlib.Path(cfg["output_dir"])
     output_dir.mkdir(parents=True, exist_ok=True)
-    command_file = output_dir / "command.txt"
+    # The run's own command and settings: --report-only reports them, whatever else it is given.
+    saved, command_file = output_dir / "config.json", output_dir / "command.txt"
     if not cfg["report_only"]:
         command_file.write_text(rf.command_line("convergence.py", argv))
+        saved.write_text(json.dumps({k: v for k, v in cfg.items() if k not in OUTPUT_KEYS}))
+    elif saved.is_file():
+        cfg.update({k: v for k, v in json.loads(saved.read_text()).items() if k not in OUTPUT_KEYS})
     command = command_file.read_text() if command_file.exists() else rf.command_line("convergence.py", argv)
     png = pathlib.Path(cfg["plots_dir"]) / "convergence.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)

@@ -25,9 +25,10 @@ import types
 import length_generalisation as lg
 import results_file as rf
 
-FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, ft_lr=1e-3, examples=50, multiples=[1, 4]),
-            "quick": dict(ft_steps=60, ft_batch=8, ft_lr=2e-3, examples=10, multiples=[1, 4]),
-            "device": dict(ft_steps=300, ft_batch=32, ft_lr=5e-4, examples=100, multiples=[1, 4])}
+# Fine-tuning at the pretraining learning rate, as the paper does (the recipe's schedule: 10 % warm-up, linear decay).
+FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, examples=50, multiples=[1, 4]),
+            "quick": dict(ft_steps=60, ft_batch=8, examples=10, multiples=[1, 4]),
+            "device": dict(ft_steps=300, ft_batch=32, examples=100, multiples=[1, 4])}
 
 
 def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.Path:
@@ -110,7 +111,7 @@ def main(argv=None):
     lg.common_arguments(parser)
     for name in ("ft_steps", "ft_batch", "examples"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
-    parser.add_argument("--ft-lr", type=float, help="override the size's fine-tuning learning rate")
+    parser.add_argument("--ft-lr", type=float, help="fine-tuning learning rate (default: the pretraining one)")
     parser.add_argument("--needle-recipe", default=str(rf.HERE.parent / "configuration/recipes/needle_finetune.yaml"))
     args = parser.parse_args(argv)
     size = "device" if args.device else args.size
@@ -118,6 +119,7 @@ def main(argv=None):
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     cfg = lg.resolve(args)
+    cfg.setdefault("ft_lr", cfg["lr"])
     results = {}
     for variant in cfg["variants"]:
         results[variant] = []

@@ -41,7 +41,7 @@ def test_convergence_smoke(bench, tmp_path):
     assert "best at the edge" in text  # one rate, one extension: the edge is reported
     assert (tmp_path / "plots" / "convergence.png").is_file()
     # --report-only rewrites the section from the cached runs without training
-    convergence.main(["--report-only", "--archs", "gptplus", "angpt", "--output-dir", str(tmp_path / "runs"), *out])
+    convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
 
 
 def test_throughput_smoke(bench, tmp_path):
@@ -54,3 +54,21 @@ def test_throughput_smoke(bench, tmp_path):
     assert "| llama | eager |" in text and "MFU" in text
     assert (tmp_path / "plots" / "throughput.png").is_file()
 
+
+def test_length_generalisation_and_needle_smoke(bench, tmp_path):
+    out, results, corpus = bench
+    import length_generalisation
+    import needle
+
+    models = [*TINY, "--length", "192", "--batch", "2", "--steps", "2", "--variants", "RoPE",
+              "scale-invariant p-RoPE", "--dataset", str(corpus), "--output-dir", str(tmp_path / "runs")]
+    length_generalisation.main([*models, "--windows", "1", *out])
+    recipe = tmp_path / "needle.yaml"  # the shipped recipe's keys at a smoke size
+    recipe.write_text((BENCH.parent / "configuration/recipes/needle_finetune.yaml").read_text()
+                      + "\nneedle_examples: 16\n")
+    needle.main([*models, "--ft-steps", "2", "--ft-batch", "2", "--examples", "1", "--needle-recipe", str(recipe),
+                 *out])
+    text = results.read_text()
+    assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
+    assert "loss at 16L (3072)" in text
+    assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
