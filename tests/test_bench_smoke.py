@@ -60,8 +60,12 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     import length_generalisation
     import needle
 
-    models = [*TINY, "--length", "192", "--batch", "2", "--steps", "2", "--variants", "RoPE",
-              "scale-invariant p-RoPE", "--dataset", str(corpus), "--output-dir", str(tmp_path / "runs")]
+    base_recipe = tmp_path / "base.yaml"  # enough held-out blocks for one 16L window of the small corpus
+    base_recipe.write_text((BENCH.parent / "configuration/recipes/bench_debian_cpu.yaml").read_text()
+                           + "\nvalidation_fraction: 0.1\n")
+    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "2", "--variants", "RoPE",
+              "scale-invariant p-RoPE", "--dataset", str(corpus), "--recipe", str(base_recipe),
+              "--output-dir", str(tmp_path / "runs")]
     length_generalisation.main([*models, "--windows", "1", *out])
     recipe = tmp_path / "needle.yaml"  # the shipped recipe's keys at a smoke size
     recipe.write_text((BENCH.parent / "configuration/recipes/needle_finetune.yaml").read_text()
@@ -70,5 +74,5 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
                  *out])
     text = results.read_text()
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
-    assert "loss at 16L (3072)" in text
+    assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
