@@ -54,16 +54,10 @@ def run_name(spec: dict) -> str:
     return f"{spec['arch']}-lr{spec['lr']:g}-s{spec['seed']}{tail}"
 
 
-def run_one(spec: dict, cfg: dict, prepare_only: bool = False) -> dict:
-    """Train one run (in a worker process) and return its validation curve against tokens."""
-    import torch
+def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
+    """The architecture's recipe (SPEC §1) for one run: the shape, data and length of `cfg`, one ablation at most."""
+    from modeling_angpt.training import load_recipe
 
-    from modeling_angpt.training import NonFiniteLossError, load_recipe, train
-    from modeling_angpt.training.metrics import read_metrics
-
-    torch.set_num_threads(cfg["threads"])
-    out = pathlib.Path(cfg["output_dir"]) / run_name(spec)
-    shutil.rmtree(out, ignore_errors=True)
     d = cfg["hidden"]
     shape = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
              "num_attention_heads": cfg["heads"], "max_position_embeddings": cfg["block"]}
@@ -74,12 +68,30 @@ def run_one(spec: dict, cfg: dict, prepare_only: bool = False) -> dict:
                  f"eval_max_batches={cfg['eval_batches']}", f"output_dir={out}", "save_steps=0",
                  "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=10",
                  *[f"model_kwargs.{k}={v}" for k, v in shape.items()], *ABLATIONS.get(spec.get("ablation"), ("", []))[1]]
-    recipe = load_recipe(cfg["recipe"], overrides)
-    if prepare_only:  # tokenizer and packed blocks, cached for the workers (which would otherwise race)
-        import contextlib
+    return load_recipe(cfg["recipe"], overrides)
 
-        from modeling_angpt.training.data import build_datasets, resolve_source
-        return build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)[3]
+
+def prepare_data(cfg: dict) -> None:
+    """Tokenizer and packed blocks, built once and cached before the workers start (they would race)."""
+    import contextlib
+
+    from modeling_angpt.training.data import build_datasets, resolve_source
+
+    recipe = recipe_for({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, pathlib.Path(cfg["output_dir"]))
+    build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+
+
+def run_one(spec: dict, cfg: dict) -> dict:
+    """Train one run (in a worker process) and return its validation curve against tokens."""
+    import torch
+
+    from modeling_angpt.training import NonFiniteLossError, train
+    from modeling_angpt.training.metrics import read_metrics
+
+    torch.set_num_threads(cfg["threads"])
+    out = pathlib.Path(cfg["output_dir"]) / run_name(spec)
+    shutil.rmtree(out, ignore_errors=True)
+    recipe = recipe_for(spec, cfg, out)
     tokens_per_step = recipe.per_device_train_batch_size * recipe.block_size * recipe.gradient_accumulation_steps
     start = time.perf_counter()
     try:
@@ -243,8 +255,10 @@ def section(summary: dict, cfg: dict, command: str) -> str:
                   + ", ".join(f"{k} {v} (default {d})" for k, (v, d) in cfg["changed"].items()) + ".", ""]
     if partial:
         lines += [f"**Partial**: {len(partial)} planned run(s) had not finished when this was written "
-                  f"({', '.join(run_name(s) for s in partial[:8])}{', …' if len(partial) > 8 else ''}); "
-                  "the tables show what had.", ""]
+                  f"({', '.join(run_name(s) for s in partial[:8])}{', …' if len(partial) > 8 else ''})"
+                  + (", and the seeds and ablations that follow an unsettled sweep are not counted"
+                     if any(s["best"] is None for s in summary["sweep"].values()) else "")
+                  + "; the tables show what had.", ""]
     lines += ["Learning-rate sweep (seed 0, final validation loss; ∞ = diverged):", "",
               "| architecture | sweep | best lr | best inside the sweep? |", "|---|---|---|---|"]
     for arch, s in summary["sweep"].items():
@@ -383,7 +397,7 @@ def main(argv=None):
         return text
 
     if not cfg["report_only"]:
-        run_one({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, prepare_only=True)
+        prepare_data(cfg)
     results = load_results(output_dir) if cfg["report_only"] else execute(cfg, report)
     print(report(results))
 
