@@ -71,7 +71,7 @@ def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
                  f"eval_steps={max(1, cfg['steps'] // 5)}", "eval_max_batches=4", "save_steps=0",
                  "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=50",
                  f"model_kwargs={json.dumps(model_kwargs)}"]
-    result = train(load_recipe(cfg["recipe"], overrides))
+    result = train(load_recipe(cfg["recipe"], overrides), overwrite=True)  # an unfinished earlier try is redone
     return result.final_dir
 
 

@@ -43,7 +43,7 @@ def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.
                  f"per_device_train_batch_size={cfg['ft_batch']}", f"learning_rate={cfg['ft_lr']}", f"seed={seed}",
                  f"output_dir={out}", f"eval_steps={max(1, cfg['ft_steps'] // 3)}", "eval_max_batches=2",
                  "save_steps=0", "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=20"]
-    return train(load_recipe(cfg["needle_recipe"], overrides)).final_dir
+    return train(load_recipe(cfg["needle_recipe"], overrides), overwrite=True).final_dir  # unfinished: redone
 
 
 def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
