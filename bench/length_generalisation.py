@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import pathlib
 import statistics
 import types
@@ -117,11 +118,12 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
              f"(d_h={cfg['hidden'] // cfg['heads']}), vocab {cfg['vocab']}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
-             f"recipe) on `{cfg['dataset']}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
+             f"recipe) on `{os.path.relpath(cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
              "config. Evaluated by `modeling_angpt.evaluation.length.run_suite` (= `angpt eval --suite length`) on "
              f"the held-out blocks, {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each length "
              "(the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
              "LogN+p-RoPE 3.256/3.262/3.317, scale-invariant p-RoPE 3.244/3.235/3.247.", "",
+             rf.changed_settings(cfg, {**SIZES[cfg["size"]], "arch": "gptplus", "seeds": 1}, cfg["size"]), "",
              "| variant | " + " | ".join(f"loss at {m}L ({m * cfg['length']})" for m in ms)
              + f" | {ms[-1]}L − L |", "|---|" + "---|" * (len(ms) + 1)]
     for variant, by_seed in results.items():
@@ -185,7 +187,7 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve(args) -> dict:
     import torch
 
-    cfg = dict(SIZES["device" if args.device else args.size])
+    cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
     cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
     cfg["torch_device"] = "cuda" if args.device else "cpu"
     if args.threads:

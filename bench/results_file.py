@@ -72,3 +72,9 @@ def machine_line(device: str = "cpu") -> str:
         what = f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
     return (f"Machine: {what}; Python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}; load average (1/5/15 min) {load_average()} when written.")
+
+
+def changed_settings(cfg: dict, defaults: dict, size: str) -> str:
+    """One sentence naming every setting that differs from the size preset (empty when none does)."""
+    changed = [f"{k} {cfg[k]} (default {v})" for k, v in defaults.items() if k in cfg and cfg[k] != v]
+    return f"Run at a reduced setting; what differs from `--size {size}`: {', '.join(changed)}." if changed else ""
