@@ -21,20 +21,25 @@ def bench(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(shakespeare_files()[0].read_text(encoding="utf-8", errors="replace")[:200_000])
     results = tmp_path / "RESULTS.md"
+    # float32 like every other training test (accelerate's mixed-precision state is process-wide), and enough
+    # held-out blocks of the small corpus for one 16L window
+    recipe = tmp_path / "bench.yaml"
+    recipe.write_text((BENCH.parent / "configuration/recipes/bench_debian_cpu.yaml").read_text()
+                      + "\nbf16: false\nvalidation_fraction: 0.1\n")
     threads = torch.get_num_threads()
-    yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus
+    yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus, recipe
     torch.set_num_threads(threads)
     for name in ("convergence", "throughput", "length_generalisation", "needle", "results_file"):
         sys.modules.pop(name, None)
 
 
 def test_convergence_smoke(bench, tmp_path):
-    out, results, corpus = bench
+    out, results, corpus, recipe = bench
     import convergence
 
     convergence.main([*TINY, "--block", "32", "--batch", "4", "--steps", "4", "--eval-steps", "2",
                       "--eval-batches", "1", "--grid-points", "1", "--max-extend", "1", "--seeds", "2",
-                      "--archs", "gptplus", "angpt", "--jobs", "1", "--dataset", str(corpus),
+                      "--archs", "gptplus", "angpt", "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe),
                       "--output-dir", str(tmp_path / "runs"), *out])
     text = results.read_text()
     assert "<!-- convergence:start -->" in text and "| angpt |" in text and "no ν(α)" in text
@@ -45,7 +50,7 @@ def test_convergence_smoke(bench, tmp_path):
 
 
 def test_throughput_smoke(bench, tmp_path):
-    out, results, _ = bench
+    out, results, _, _ = bench
     import throughput
 
     throughput.main([*TINY, "--vocab", "256", "--batch", "2", "--seq", "16", "--rounds", "1", "--warmup", "1",
@@ -56,21 +61,18 @@ def test_throughput_smoke(bench, tmp_path):
 
 
 def test_length_generalisation_and_needle_smoke(bench, tmp_path):
-    out, results, corpus = bench
+    out, results, corpus, recipe = bench
     import length_generalisation
     import needle
 
-    base_recipe = tmp_path / "base.yaml"  # enough held-out blocks for one 16L window of the small corpus
-    base_recipe.write_text((BENCH.parent / "configuration/recipes/bench_debian_cpu.yaml").read_text()
-                           + "\nvalidation_fraction: 0.1\n")
     models = [*TINY, "--length", "256", "--batch", "2", "--steps", "2", "--variants", "RoPE",
-              "scale-invariant p-RoPE", "--dataset", str(corpus), "--recipe", str(base_recipe),
+              "scale-invariant p-RoPE", "--dataset", str(corpus), "--recipe", str(recipe),
               "--output-dir", str(tmp_path / "runs")]
     length_generalisation.main([*models, "--windows", "1", *out])
-    recipe = tmp_path / "needle.yaml"  # the shipped recipe's keys at a smoke size
-    recipe.write_text((BENCH.parent / "configuration/recipes/needle_finetune.yaml").read_text()
-                      + "\nneedle_examples: 16\n")
-    needle.main([*models, "--ft-steps", "2", "--ft-batch", "2", "--examples", "1", "--needle-recipe", str(recipe),
+    needle_recipe = tmp_path / "needle.yaml"  # the shipped recipe's keys at a smoke size
+    needle_recipe.write_text((BENCH.parent / "configuration/recipes/needle_finetune.yaml").read_text()
+                             + "\nneedle_examples: 16\nbf16: false\n")
+    needle.main([*models, "--ft-steps", "2", "--ft-batch", "2", "--examples", "1", "--needle-recipe", str(needle_recipe),
                  *out])
     text = results.read_text()
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
