@@ -24,7 +24,7 @@ from .attention_angpt import eager_attention_forward, get_attention_function, us
 from .card_angpt import write_model_card
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
-from .layers_angpt import RMSNorm, Scale, linear
+from .layers_angpt import RMSNorm, RowScaledLinear, Scale, linear
 from .logit_transforms_angpt import logn_init_value, logn_query_scale
 from .masks_angpt import AttentionLayout, positions_from_padding
 from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
@@ -244,12 +244,36 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         """Project the weights after an optimiser step: nothing (GPT+), unit norm along d_model (nGPT),
         rows into the unit ball (anGPT). Call it on every rank after every step (SPEC §1)."""
         arch = self.architecture_strategy
-        for weight, residual_output in self.constrained_matrices():
-            arch.constrain(weight, residual_output)
+        matrices = list(self.constrained_matrices())
+        if not any(type(w).__name__ == "DTensor" for w, _ in matrices):
+            arch.constrain_all(matrices)
+            return
+        # FSDP2: every DTensor is one rank's dim-0 shard (whole rows). Row norms need nothing from other ranks;
+        # a norm along dim 0 (nGPT's W_o/W_down columns) is summed over the shards' process group.
+        for weight, residual_output in matrices:
+            local, group = _local_shard(weight)
+            arch.constrain_all([(local, residual_output)], reduce_group=group)
 
     def optimizer_param_groups(self, weight_decay: float = 0.0) -> list[dict]:
         """Parameter groups for torch optimisers, weight decay where the architecture wants it."""
         return self.architecture_strategy.optimizer_param_groups(self, weight_decay)
+
+
+def _local_shard(weight):
+    """(this rank's tensor, the process group its dim 0 is sharded over or None) for a parameter that may be a
+    DTensor (FSDP2 shards dim 0 with `Shard(0)`; replicated mesh dims hold the same values)."""
+    if type(weight).__name__ != "DTensor":
+        return weight, None
+    local, group = weight.to_local(), None
+    for mesh_dim, placement in enumerate(weight.placements):
+        if placement.is_shard():
+            if placement.dim != 0:
+                raise NotImplementedError(f"weight constraint on a DTensor sharded along dim {placement.dim}; "
+                                          "FSDP2 shards dim 0")
+            if group is not None:
+                raise NotImplementedError("weight constraint on a DTensor sharded over several mesh dims")
+            group = weight.device_mesh.get_group(mesh_dim)
+    return local, group
 
 
 class AnGPTModel(AnGPTPreTrainedModel):
@@ -313,7 +337,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)
         self.model = AnGPTModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = RowScaledLinear(config.hidden_size, config.vocab_size, bias=False)
         self.logit_scale = get_architecture(config).logit_scale(config)  # s_z
         self.post_init()
 
@@ -326,7 +350,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         s_z = None if self.logit_scale is None else self.logit_scale()
-        logits = linear(hidden_states[:, keep, :], self.lm_head.weight, s_z)
+        logits = self.lm_head(hidden_states[:, keep, :], s_z)
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)

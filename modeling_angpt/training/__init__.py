@@ -8,6 +8,8 @@ transformers.
 """
 from .callbacks import WeightConstraintCallback
 from .loop import NonFiniteLossError, TrainResult, train
+from .model_setup import compile_blocks
 from .recipe import Recipe, load_recipe
 
-__all__ = ["NonFiniteLossError", "Recipe", "TrainResult", "WeightConstraintCallback", "load_recipe", "train"]
+__all__ = ["NonFiniteLossError", "Recipe", "TrainResult", "WeightConstraintCallback", "compile_blocks", "load_recipe",
+           "train"]

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 from . import checkpoint as ckpt
 from .data import build_datasets, resolve_source
+from .distributed import enable_cpu_fsdp
 from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
-from .model_setup import apply_constraints, architecture_defaults, build_config, build_model
+from .model_setup import apply_constraints, architecture_defaults, build_config, build_model, compile_blocks
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe
 
@@ -60,9 +61,11 @@ def make_accelerator(recipe: Recipe):
 
     # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
     # skip-the-consumed-batches resume exact (research/hf-ecosystem.md §3).
-    return Accelerator(mixed_precision="bf16" if recipe.bf16 else "no",
-                       step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
-                       dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 else "no",
+                              step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
+                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+    enable_cpu_fsdp(accelerator)  # FSDP2 on CPU processes (gloo), which accelerate alone drops
+    return accelerator
 
 
 def batch_stream(accelerator, dataloader, batches_done: int):
@@ -165,6 +168,8 @@ def _build(recipe: Recipe, source, config) -> _Run:
     if recipe.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False  # no KV cache while training
+    if recipe.torch_compile:
+        compile_blocks(model, recipe.torch_compile_mode)
     optimizer = build_optimizer(model, recipe)
     scheduler = build_scheduler(optimizer, recipe)
     is_stream = isinstance(train_ds, torch.utils.data.IterableDataset)
@@ -236,7 +241,8 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
     tokens_per_step = (recipe.per_device_train_batch_size * recipe.block_size
                        * recipe.gradient_accumulation_steps * acc.num_processes)
     flops_per_token = training_flops_per_token(run.raw_model, recipe.block_size)
-    peak = device_peak_flops(acc.device, recipe.peak_flops) * acc.num_processes
+    peak = device_peak_flops(acc.device, recipe.peak_flops,
+                             torch.bfloat16 if recipe.bf16 else torch.float32) * acc.num_processes
 
     def run_eval(step: int) -> None:
         val = evaluate(acc, run.model, run.val_dl, recipe.eval_max_batches)
