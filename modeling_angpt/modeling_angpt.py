@@ -249,7 +249,9 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             arch.constrain_all(matrices)
             return
         # FSDP2: every DTensor is one rank's dim-0 shard (whole rows). Row norms need nothing from other ranks;
-        # a norm along dim 0 (nGPT's W_o/W_down columns) is summed over the shards' process group.
+        # a norm along dim 0 (nGPT's W_o/W_down columns) is summed over the shards' process group. One matrix at a
+        # time, in module order: uneven shards have rank-dependent local shapes, and grouping by them could pair
+        # different matrices' all-reduces on different ranks.
         for weight, residual_output in matrices:
             local, group = _local_shard(weight)
             arch.constrain_all([(local, residual_output)], reduce_group=group)
