@@ -48,13 +48,14 @@ def _losses(hidden: int, width_rule: str | None) -> list[float]:
     return losses
 
 
-@pytest.mark.parametrize("hidden", [128, 256, 512])
+@pytest.mark.parametrize("hidden", [128, pytest.param(256, marks=pytest.mark.slow), 512])
 def test_angpt_recipe_defaults_train_without_spikes_at_width(hidden):
     losses = _losses(hidden, None)  # None: the architecture's default, lr_width_rule=inverse_width
     assert all(math.isfinite(x) for x in losses), losses
     assert max(losses) <= 1.5 * losses[0], losses
 
 
+@pytest.mark.slow  # the control: same run, rule off (CI budget; run with -m slow)
 def test_without_the_width_rule_d512_spikes():
     losses = _losses(512, "none")
     assert not all(math.isfinite(x) for x in losses) or max(losses) > 1.5 * losses[0], losses
