@@ -8,6 +8,7 @@ which architecture it is running.
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from functools import lru_cache
 
 import torch
@@ -79,6 +80,36 @@ class Architecture:
     @torch.no_grad()
     def constrain(self, weight: torch.Tensor, residual_output: bool) -> None:
         """Project one matrix after an optimiser step (in place); nothing by default."""
+
+    @torch.no_grad()
+    def constrain_all(self, matrices: list[tuple[torch.Tensor, bool]], reduce_group=None) -> None:
+        """Project every matrix after an optimiser step, as a few grouped ops (SPEC §1 constraints).
+
+        Matrices of one shape, dtype, device and axis are stacked so that one norm, one clamp and one
+        `torch._foreach_div_`/`_foreach_copy_` serve them all (about 5 groups per model instead of 3-4 ops per
+        matrix); the results are bit-identical to `constrain` per matrix (tests/test_compile_and_constraints.py).
+        `reduce_group`: the process group over which a norm along dim 0 is summed when each tensor is one rank's
+        dim-0 shard (FSDP2); norms along dim -1 (whole rows) never need it."""
+        if not self.norm_axis:
+            return
+        groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
+        for weight, residual_output in matrices:
+            groups[(tuple(weight.shape), weight.dtype, weight.device, residual_output)].append(weight)
+        for (_, _, _, residual_output), weights in groups.items():
+            dim = self.norm_axis(residual_output)
+            stacked = torch.stack(weights).float()
+            if dim == 0 and reduce_group is not None:  # a column spans every rank's shard of dim 0
+                squares = stacked.square().sum(dim=1, keepdim=True)
+                torch.distributed.all_reduce(squares, group=reduce_group)
+                norms = squares.sqrt()
+            else:
+                norms = torch.linalg.vector_norm(stacked, dim=dim + 1 if dim >= 0 else dim, keepdim=True)
+            self.project_stacked(weights, stacked, norms)
+
+    norm_axis = None  # callable residual_output -> dim of the norm, for architectures with a constraint
+
+    def project_stacked(self, weights: list[torch.Tensor], stacked: torch.Tensor, norms: torch.Tensor) -> None:
+        raise NotImplementedError
 
     def optimizer_param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
         return [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": 0.0}]
@@ -156,12 +187,23 @@ class NGPT(Architecture):
     def constrain(self, weight, residual_output):
         weight.copy_(self._normalize(weight.float(), residual_output).to(weight.dtype))
 
+    @staticmethod
+    def norm_axis(residual_output: bool) -> int:
+        return 0 if residual_output else -1
+
+    def project_stacked(self, weights, stacked, norms):
+        normalized = (stacked / norms.clamp_min(1e-12)).to(weights[0].dtype)
+        torch._foreach_copy_(weights, list(normalized.unbind(0)))
+
 
 class AnGPT(Architecture):
     """Approximately normalized GPT (SPEC §1.3): ν constants, LERP with ν(α), rows in the unit ball."""
 
     name = "angpt"
-    recipe_defaults = NGPT.recipe_defaults
+    # The width rule: without exact norms, a matrix's first Adam steps (sign-like, low rank) grow its spectral
+    # norm by ~lr·width while its rows stay in the unit ball, and ‖h‖ follows; μP's 1/width rate on matrices keeps
+    # that step constant, so the rate tuned at d=128 holds at every width (training/optim.py, bench/RESULTS.md).
+    recipe_defaults = {**NGPT.recipe_defaults, "lr_width_rule": "inverse_width", "lr_base_width": 128}
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1
@@ -195,6 +237,13 @@ class AnGPT(Architecture):
         # w ← w / max(1, ‖w‖) per row, i.e. per output unit over its inputs (E per token, W_down over 4d).
         norms = weight.float().norm(dim=-1, keepdim=True)
         weight.div_(norms.clamp_min(1.0).to(weight.dtype))
+
+    @staticmethod
+    def norm_axis(residual_output: bool) -> int:
+        return -1  # rows, whatever the matrix
+
+    def project_stacked(self, weights, stacked, norms):
+        torch._foreach_div_(weights, list(norms.clamp_min(1.0).to(weights[0].dtype).unbind(0)))
 
 
 ARCHITECTURES: dict[tuple[str, bool], Architecture] = {

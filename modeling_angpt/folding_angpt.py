@@ -54,6 +54,9 @@ class _Folded:
     def constrain(self, weight, residual_output):
         raise RuntimeError(FOLDED_TRAINING_ERROR)
 
+    def constrain_all(self, matrices, reduce_group=None):
+        raise RuntimeError(FOLDED_TRAINING_ERROR)
+
     def optimizer_param_groups(self, model, weight_decay):
         raise RuntimeError(FOLDED_TRAINING_ERROR)
 

@@ -27,6 +27,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, row_scale=None) -> torch.Tenso
     return F.linear(x, weight * row_scale)
 
 
+class RowScaledLinear(nn.Linear):
+    """nn.Linear whose call takes an optional `row_scale` (see `linear`). Calling the module rather than reading
+    its `.weight` is what lets FSDP2 gather a weight that lives in its own shard unit (accelerate puts the LM head
+    in one)."""
+
+    def forward(self, x: torch.Tensor, row_scale=None) -> torch.Tensor:
+        return linear(x, self.weight, row_scale)
+
+
 class RMSNorm(nn.Module):
     """Root-mean-square norm with an optional learnable gain (GPT+, SPEC §1.1); Llama/Qwen3 numerics."""
 

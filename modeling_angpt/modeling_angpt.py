@@ -24,7 +24,7 @@ from .attention_angpt import eager_attention_forward, get_attention_function, us
 from .card_angpt import write_model_card
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
-from .layers_angpt import RMSNorm, Scale, linear
+from .layers_angpt import RMSNorm, RowScaledLinear, Scale, linear
 from .logit_transforms_angpt import LOGIT_TRANSFORMS
 from .masks_angpt import AttentionLayout, positions_from_padding
 from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
@@ -246,12 +246,38 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         """Project the weights after an optimiser step: nothing (GPT+), unit norm along d_model (nGPT),
         rows into the unit ball (anGPT). Call it on every rank after every step (SPEC §1)."""
         arch = self.architecture_strategy
-        for weight, residual_output in self.constrained_matrices():
-            arch.constrain(weight, residual_output)
+        matrices = list(self.constrained_matrices())
+        if not any(type(w).__name__ == "DTensor" for w, _ in matrices):
+            arch.constrain_all(matrices)
+            return
+        # FSDP2: every DTensor is one rank's dim-0 shard (whole rows). Row norms need nothing from other ranks;
+        # a norm along dim 0 (nGPT's W_o/W_down columns) is summed over the shards' process group. One matrix at a
+        # time, in module order: uneven shards have rank-dependent local shapes, and grouping by them could pair
+        # different matrices' all-reduces on different ranks.
+        for weight, residual_output in matrices:
+            local, group = _local_shard(weight)
+            arch.constrain_all([(local, residual_output)], reduce_group=group)
 
     def optimizer_param_groups(self, weight_decay: float = 0.0) -> list[dict]:
         """Parameter groups for torch optimisers, weight decay where the architecture wants it."""
         return self.architecture_strategy.optimizer_param_groups(self, weight_decay)
+
+
+def _local_shard(weight):
+    """(this rank's tensor, the process group its dim 0 is sharded over or None) for a parameter that may be a
+    DTensor (FSDP2 shards dim 0 with `Shard(0)`; replicated mesh dims hold the same values)."""
+    if type(weight).__name__ != "DTensor":
+        return weight, None
+    local, group = weight.to_local(), None
+    for mesh_dim, placement in enumerate(weight.placements):
+        if placement.is_shard():
+            if placement.dim != 0:
+                raise NotImplementedError(f"weight constraint on a DTensor sharded along dim {placement.dim}; "
+                                          "FSDP2 shards dim 0")
+            if group is not None:
+                raise NotImplementedError("weight constraint on a DTensor sharded over several mesh dims")
+            group = weight.device_mesh.get_group(mesh_dim)
+    return local, group
 
 
 class AnGPTModel(AnGPTPreTrainedModel):
@@ -337,7 +363,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)
         self.model = AnGPTModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = RowScaledLinear(config.hidden_size, config.vocab_size, bias=False)
         self.logit_scale = get_architecture(config).logit_scale(config)  # s_z
         self.post_init()
 
@@ -345,7 +371,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         """The LM head on final hidden states [b, t, d] -> [b, t, V] (s_z applied): callers that need logits
         for a slice of positions at a time (long-context losses) call it on their own slices."""
         s_z = None if self.logit_scale is None else self.logit_scale()
-        return linear(hidden_states, self.lm_head.weight, s_z)
+        return self.lm_head(hidden_states, s_z)  # the module, so FSDP gathers its sharded weight
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,

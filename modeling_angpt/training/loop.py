@@ -24,8 +24,9 @@ from . import checkpoint as ckpt
 from . import run_dir
 from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
 from .launch import accelerator_device_kwargs, check_launch_environment, check_process_group, group_peak_flops
+from .distributed import enable_cpu_fsdp
 from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
-from .model_setup import apply_constraints, architecture_defaults, build_config, build_model
+from .model_setup import apply_constraints, architecture_defaults, build_config, build_model, compile_blocks
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe
 
@@ -67,6 +68,7 @@ def make_accelerator(recipe: Recipe):
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
                               **accelerator_device_kwargs())  # launch.py: CPU-only processes form a gloo group
     check_process_group(accelerator)
+    enable_cpu_fsdp(accelerator)  # FSDP2 on CPU processes (gloo), which accelerate alone drops
     return accelerator
 
 
@@ -173,6 +175,8 @@ def _build(recipe: Recipe, source, config) -> _Run:
     if recipe.gradient_checkpointing:
         enable_activation_checkpointing(model)
     model.config.use_cache = False  # no KV cache while training
+    if recipe.torch_compile:
+        compile_blocks(model, recipe.torch_compile_mode)
     optimizer = build_optimizer(model, recipe)
     scheduler = build_scheduler(optimizer, recipe)
     is_stream = isinstance(train_ds, torch.utils.data.IterableDataset)
@@ -246,7 +250,9 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
     tokens_per_step = (recipe.per_device_train_batch_size * recipe.block_size
                        * recipe.gradient_accumulation_steps * acc.num_processes)
     flops_per_token = training_flops_per_token(run.raw_model, recipe.block_size)
-    peak = group_peak_flops(acc, device_peak_flops(acc.device, recipe.peak_flops), bool(recipe.peak_flops))
+    peak = group_peak_flops(acc, device_peak_flops(acc.device, recipe.peak_flops,
+                                                    torch.bfloat16 if recipe.bf16 else torch.float32),
+                            bool(recipe.peak_flops))
 
     def run_eval(step: int) -> None:
         val = evaluate(acc, run.model, run.val_dl, recipe.eval_max_batches)

@@ -2,19 +2,20 @@
 
 Only the main process writes. MFU uses the PaLM-paper estimate of training FLOPs per token,
 6·N (forward + backward through the matrices) + 12·L·d·T (attention scores and weighted values at
-sequence length T; the causal mask is not credited), against a configurable per-device peak.
+sequence length T; the causal mask is not credited), against the peak measured on the same device (a cached matmul
+benchmark in the training dtype; recipe key peak_flops overrides it).
 """
 from __future__ import annotations
 
 import json
+import os
+import platform
+import time
 from pathlib import Path
 
 import torch
 
-# bf16 dense peaks per device (vendor data sheets); recipe key peak_flops overrides.
-PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "L4": 121e12, "A10": 125e12, "V100": 125e12}
-# CPU: no data sheet applies; assume 100 GFLOP/s per core (order of an AVX-512/AMX core at bf16).
-CPU_FLOPS_PER_CORE = 1e11
+PEAK_CACHE_FILE = "peak_flops.json"
 
 
 def training_flops_per_token(model, seq_len: int) -> float:
@@ -26,16 +27,77 @@ def training_flops_per_token(model, seq_len: int) -> float:
     return 6.0 * n_matmul + attention
 
 
-def device_peak_flops(device: torch.device, override: float | None = None) -> float:
+def device_name(device: torch.device) -> str:
+    """A key for the device's peak: the GPU's name, or the CPU model with the thread count torch uses."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} ({torch.get_num_threads()} threads)"
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16, size: int | None = None,
+                         seconds: float = 1.0) -> float:
+    """Achieved FLOP/s of a square matmul on `device` in `dtype`: the best of repeated timed bursts.
+
+    This is the peak that MFU is reported against (not a data-sheet number): what this device, this torch and this
+    dtype reach on the operation training spends its time in. On a GPU, 8192² bf16 reaches most of the dense peak."""
+    device = torch.device(device)
+    size = size or (8192 if device.type == "cuda" else 1024)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(2):  # warm-up (kernel selection, thread pool)
+        a @ b
+    sync()
+    best, deadline = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        sync()
+        best = max(best, 4 * 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+def _cache_path() -> Path:
+    return Path(os.environ.get("ANGPT_CACHE", Path.home() / ".cache" / "angpt")) / PEAK_CACHE_FILE
+
+
+def device_peak_flops(device: torch.device, override: float | None = None,
+                      dtype: torch.dtype = torch.bfloat16) -> float:
+    """Per-device peak for MFU: `override` (recipe key peak_flops) or a matmul benchmark measured once per
+    (device, dtype) and cached in $ANGPT_CACHE/peak_flops.json (delete the entry to re-measure, e.g. after
+    measuring on a busy machine)."""
     if override:
         return float(override)
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, flops in PEAK_FLOPS.items():
-            if key in name:
-                return flops
-        return 312e12
-    return CPU_FLOPS_PER_CORE * torch.get_num_threads()
+    key = f"{device_name(device)}|{str(dtype).replace('torch.', '')}"
+    path = _cache_path()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        cache[key] = measure_matmul_flops(device, dtype)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home: measure again next time
+    return float(cache[key])
 
 
 class MetricsLogger:

@@ -89,6 +89,21 @@ def build_model(recipe, config, tokenizer):
     return model
 
 
+def compile_blocks(model, mode: str | None = None, **options) -> int:
+    """Regional compilation: `torch.compile` each decoder block in place (nn.Module.compile), not the whole model.
+
+    Every block has the same code and parameters of the same shapes, so dynamo traces one graph and reuses it
+    for all of them (parameters are graph inputs): the warm-up is one block's, whatever the depth. Embedding,
+    head and loss stay eager. Returns the number of blocks compiled; models without `model.layers` raise."""
+    inner = getattr(model, "model", model)
+    layers = getattr(inner, "layers", None)
+    if layers is None:
+        raise ValueError(f"torch_compile: {type(model).__name__} has no decoder blocks at .model.layers to compile")
+    for layer in layers:
+        layer.compile(mode=None if mode in (None, "default") else mode, **options)
+    return len(layers)
+
+
 def architecture_defaults(model) -> dict:
     strategy = getattr(model, "architecture_strategy", None)
     return dict(strategy.recipe_defaults) if strategy is not None else dict(FALLBACK_DEFAULTS)

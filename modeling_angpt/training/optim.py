@@ -11,6 +11,26 @@ import math
 import torch
 
 SCHEDULES = ("cosine", "linear", "constant")
+LR_WIDTH_RULES = ("none", "inverse_width")
+
+
+def width_lr_scale(model, rule: str, base_width: int) -> float:
+    """The factor on the learning rate of every matrix that multiplies an activation (not the input embedding).
+
+    `inverse_width` (μP's Adam rule, capped at 1): base_width / hidden_size above the base width, 1 below it. Why:
+    a first Adam step is sign-like and low-rank, so it moves a matrix's spectral norm by about lr·√(fan_out·fan_in),
+    which grows linearly with width while anGPT's rows stay in the unit ball; without an exact norm after the
+    branch, a larger singular value directly enlarges ‖h‖, and the MLP output grows with ‖h‖². Dividing the
+    rate by the width keeps that step constant across widths (bench/RESULTS.md, width stability).
+    """
+    if rule not in LR_WIDTH_RULES:
+        raise ValueError(f"recipe key lr_width_rule={rule!r} is not supported; expected one of {list(LR_WIDTH_RULES)}")
+    width = getattr(getattr(model, "config", None), "hidden_size", None)
+    if rule == "none" or not width:
+        return 1.0
+    if base_width is None or base_width <= 0:
+        raise ValueError(f"recipe key lr_base_width={base_width!r} must be > 0 with lr_width_rule={rule!r}")
+    return min(1.0, base_width / width)
 
 
 def param_groups(model, weight_decay: float) -> list[dict]:
@@ -23,12 +43,27 @@ def param_groups(model, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
 
+def scaled_param_groups(model, groups: list[dict], lr: float, scale: float) -> list[dict]:
+    """Split each group into (matrices that multiply activations, the rest); the first get lr × scale."""
+    if scale == 1.0:
+        return [{**g, "lr": lr} for g in groups]
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    out = []
+    for group in groups:
+        hidden = [p for p in group["params"] if p.ndim >= 2 and id(p) not in embeddings]
+        rest = [p for p in group["params"] if p.ndim < 2 or id(p) in embeddings]
+        out += [{**group, "params": params, "lr": lr * s} for params, s in ((hidden, scale), (rest, 1.0)) if params]
+    return out
+
+
 def build_optimizer(model, recipe) -> torch.optim.Optimizer:
     if recipe.optim not in ("adamw", "adam"):
         raise ValueError(f"recipe key optim={recipe.optim!r} is not supported; expected adamw or adam")
     weight_decay = 0.0 if recipe.optim == "adam" else recipe.weight_decay
+    scale = width_lr_scale(model, recipe.lr_width_rule or "none", recipe.lr_base_width)
+    groups = scaled_param_groups(model, param_groups(model, weight_decay), recipe.learning_rate, scale)
     # Decoupled weight decay with decay 0 is exactly Adam, so one class serves both recipes.
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=recipe.learning_rate,
+    return torch.optim.AdamW(groups, lr=recipe.learning_rate,
                              betas=(recipe.adam_beta1, recipe.adam_beta2), eps=recipe.adam_epsilon,
                              weight_decay=weight_decay)
 

