@@ -31,22 +31,25 @@ from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
 
 
 class AnGPTAttention(nn.Module):
-    """Multi-head attention; the architecture decides the q/k treatment, softmax scale and ν constants."""
+    """Multi-head or grouped-query attention; the architecture decides the q/k treatment, softmax scale and ν
+    constants. The cache holds num_key_value_heads heads; each backend lets a group of query heads share one."""
 
     def __init__(self, config: AnGPTConfig, layer_idx: int) -> None:
         super().__init__()
         arch = get_architecture(config)
         self.config, self.layer_idx = config, layer_idx
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
-        self.num_key_value_groups = 1
+        self.num_key_value_heads = config.num_key_value_heads
+        # grouped-query attention: query head h reads key/value head h // groups (transformers' repeat_kv)
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.is_causal = config.is_causal
         self.scaling = arch.softmax_scale(config)
         constants = arch.constants(config)
         self.nu_v, self.nu_o = constants["v"], constants["o"]
-        width = self.num_heads * self.head_dim
+        width, kv_width = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=False)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
         self.o_proj.residual_output = True
         self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
@@ -61,14 +64,15 @@ class AnGPTAttention(nn.Module):
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
         heads = (batch, length, self.num_heads, self.head_dim)
+        kv_heads = (batch, length, self.num_key_value_heads, self.head_dim)
         query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
-        key = self.k_norm(self.k_proj(hidden_states).view(heads)).transpose(1, 2)
-        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(heads).transpose(1, 2)
+        key = self.k_norm(self.k_proj(hidden_states).view(kv_heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
+        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(kv_heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = apply_rotary(query, key, *position_embeddings)
-        if self.qk_scale is not None:  # s_qk after RoPE (SPEC §1.2), shared by q and k
-            s_qk = self.qk_scale().view(self.num_heads, 1, self.head_dim).to(query.dtype)
-            query, key = query * s_qk, key * s_qk
+        if self.qk_scale is not None:  # s_qk after RoPE (SPEC §1.2): one per key channel, shared by its query heads
+            s_qk = self.qk_scale().view(self.num_key_value_heads, 1, self.head_dim).to(query.dtype)
+            query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
         if self.query_gain is not None:  # folded form: all of q's and k's factors merged onto q (SPEC §2)
             query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
         if past_key_values is not None:
