@@ -137,6 +137,11 @@ class AnGPTDecoderLayer(GradientCheckpointingLayer):
         return self.mlp_residual(hidden_states, lambda output_scale: self.mlp(normed, output_scale), self.mlp.nu_down)
 
 
+class CheckpointMismatchError(RuntimeError, ValueError):
+    """A checkpoint tensor whose shape differs from the model's: a RuntimeError as transformers raises it, and a
+    ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
+
+
 class AnGPTPreTrainedModel(PreTrainedModel):
     config_class = AnGPTConfig
     config: AnGPTConfig
@@ -154,8 +159,8 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, *args, **kwargs):
         """transformers' loader, with its usual behaviour where transformers has one: a head the checkpoint lacks
         because it was saved from another class (a classifier from a causal-LM checkpoint) is initialised and named
-        in transformers' load report; a shape mismatch raises transformers' RuntimeError (naming the tensors here)
-        unless `ignore_mismatched_sizes=True`, which re-initialises them. Stricter than transformers: any other
+        in transformers' load report; a shape mismatch raises a RuntimeError as transformers does (naming the
+        tensors; CheckpointMismatchError) unless `ignore_mismatched_sizes=True`, which re-initialises them. Stricter than transformers: any other
         missing tensor (of the base model, or of the head the checkpoint was saved with) is an error naming the
         tensors, never a silently re-initialised, half-loaded model."""
         ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
@@ -170,9 +175,11 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             raise OSError(f"checkpoint {source}: a safetensors file is corrupted or truncated ({error})") from error
         mismatched = [f"{name}: checkpoint {tuple(saved)} vs model {tuple(expected)}"
                       for name, saved, expected in sorted(info["mismatched_keys"])]
-        if mismatched and not ignore_mismatched:  # transformers' own message, plus the tensors it means
-            raise RuntimeError("You set `ignore_mismatched_sizes` to `False`, thus raising an error. For details look "
-                               f"at the above report! Checkpoint {source}: " + "; ".join(mismatched[:8]))
+        if mismatched and not ignore_mismatched:
+            raise CheckpointMismatchError(
+                f"checkpoint {source} does not match its config ({len(mismatched)} tensors): "
+                + "; ".join(mismatched[:8])
+                + ". You set `ignore_mismatched_sizes` to `False`, thus raising an error (True re-initialises them).")
         saved_as = getattr(model.config, "architectures", None) or [cls.__name__]
         new_head = set()
         if cls.__name__ not in saved_as and model.base_model is not model:
@@ -416,4 +423,5 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
                                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
-__all__ = ["AnGPTPreTrainedModel", "AnGPTModel", "AnGPTForCausalLM", "AnGPTForSequenceClassification"]
+__all__ = ["CheckpointMismatchError", "AnGPTPreTrainedModel", "AnGPTModel", "AnGPTForCausalLM",
+           "AnGPTForSequenceClassification"]
