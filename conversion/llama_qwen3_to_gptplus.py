@@ -27,7 +27,11 @@ def main(argv=None) -> int:
 
     dtype = getattr(torch, args.dtype)
     source = AutoModelForCausalLM.from_pretrained(args.src, dtype=torch.float32).eval()
-    model = gptplus_from_transformers(source)
+    try:
+        model = gptplus_from_transformers(source)
+    except ValueError as error:  # what GPT+ cannot represent exactly: one line, no traceback
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     probe = torch.randint(0, source.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         delta = (model(probe).logits - source(probe).logits).abs().max().item()

@@ -48,8 +48,10 @@ class Architecture:
         return L2Norm()
 
     def qk_scale(self, config) -> Scale | None:
-        """s_qk, one vector over all heads' channels shared by q and k, applied after RoPE."""
-        return Scale(config.num_attention_heads * config.head_dim, 1.0, 1.0 / math.sqrt(config.hidden_size))
+        """s_qk, one vector over all key heads' channels shared by q and k, applied after RoPE. Under grouped-query
+        attention a channel of key head g also scales that channel of every query head reading g, so the logit
+        keeps the form Σ_c s_c² q_c k_c of SPEC §1.2 (with one head per group it is SPEC's s_qk ∈ R^{H·d_h})."""
+        return Scale(config.num_key_value_heads * config.head_dim, 1.0, 1.0 / math.sqrt(config.hidden_size))
 
     def query_gain(self, config) -> nn.Module | None:
         """A plain per-channel gain on q only, after RoPE: the folded inference form's c_q (SPEC §2)."""
@@ -212,9 +214,15 @@ class AnGPT(Architecture):
 
     def constants(self, config):
         d, d_h, m = config.hidden_size, config.head_dim, config.intermediate_size
-        nu_qkv = math.sqrt(d / d_h)  # unit rows, unit input: E‖(W_v h)_head‖² = d_h/d (research §5.1)
-        # H unit head outputs concatenated have ‖y‖² = H; unit rows of W_o over H·d_h inputs give
-        # E‖W_o y‖² = d·H/(H·d_h) = d/d_h (research §5.2).
+        # SPEC §1.3 writes ν_qkv = √(d/d_h), ν_p = √(d_h/d) with d_h = d/H. With head_dim set freely (H·d_h ≠ d) and
+        # grouped-query attention, d_h is config.head_dim, the per-head width, and both constants keep their form,
+        # because each is derived from one head and from the width H·d_h of the concatenated output, not from d/H:
+        # - ν_qkv: unit rows over d inputs and a unit input give E‖(W_v h)_head‖² = d_h/d for every key/value head,
+        #   however many there are (research §5.1), so ν_qkv = √(d/d_h).
+        # - ν_p: the H query heads' unit outputs concatenated have ‖y‖² = H over H·d_h channels; unit rows of W_o over
+        #   those H·d_h inputs give E‖W_o y‖² = d·‖y‖²/(H·d_h) = d/d_h (research §5.2), so ν_p = √(d_h/d). Under GQA
+        #   the output still has H heads (each query head reads its group's key/value head), so H_kv does not enter.
+        nu_qkv = math.sqrt(d / d_h)
         nu_p = math.sqrt(d_h / d)
         nu_uz = math.sqrt(d / m)  # 0.5 at m = 4d
         nu_d = math.sqrt(m / d)  # 2 at m = 4d

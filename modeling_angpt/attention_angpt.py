@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
@@ -52,6 +53,8 @@ def _transformed_scores(config, scores: torch.Tensor, layout: AttentionLayout, r
 def _attend(module, query, key, value, layout: AttentionLayout, rows: slice, scaling: float, dropout: float):
     """Eager math for one chunk of queries: [b, h, c, d_h] → (out [b, h, c, d_h], probs [b, h, c, kv])."""
     config = module.config
+    groups = getattr(module, "num_key_value_groups", 1)  # GQA: query head h reads key/value head h // groups
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     scores = _transformed_scores(config, torch.matmul(query, key.transpose(2, 3)) * scaling, layout, rows)
     visible = layout.visible(config, rows)  # [b, 1, c, kv]
     select = SPARSITIES[config.attention_sparsity].select
@@ -111,7 +114,8 @@ def sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     elif layout.causal and q_len > 1:  # a chunk of new queries after a cache: bottom-right causal
         mask = layout.visible(config)
     output = nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=scaling)
+        query, key, value, attn_mask=mask, dropout_p=dropout, is_causal=is_causal, scale=scaling,
+        enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
     return output.transpose(1, 2).contiguous(), None
 
 
@@ -146,7 +150,8 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     block_mask = layout.remember("flex_block_mask", slice(None), lambda: create_block_mask(
         _flex_mask_mod(config, layout), batch, None, q_len, kv_len, device=query.device, _compile=FLEX_COMPILE))
     score_mod = layout.remember("flex_score_mod", slice(None), lambda: _flex_score_mod(config, layout, query.device))
-    output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                     enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
     return output.transpose(1, 2).contiguous(), None
 
 

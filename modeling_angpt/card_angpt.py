@@ -1,4 +1,5 @@
-"""Model cards: the README.md that `save_pretrained`, `push_to_hub` and `angpt export` write next to a checkpoint.
+"""Model cards: the README.md that `save_pretrained`, `push_to_hub` and `angpt export` write next to a checkpoint,
+and the Hub upload that carries it (`upload_directory`).
 
 Hub metadata (YAML front matter through huggingface_hub's ModelCardData): library, license, pipeline tag,
 tags for the architecture and attention variant, training data, and the validation loss as a model-index
@@ -13,6 +14,13 @@ from __future__ import annotations
 import os
 
 CARD_KEYS = ("datasets", "train_tokens", "val_loss", "license", "repo_id", "base_model")
+# What loads this checkpoint, exactly (tests/test_contract_loading.py checks each clause in a fresh interpreter).
+# transformers has no plugin mechanism that would find an installed model type without importing it.
+LOADING_NOTE = (
+    "The model code ships with the checkpoint: the Auto classes load it with `trust_remote_code=True`, as below. "
+    "With the `angpt` package installed, `import modeling_angpt` registers it with the Auto classes, and they then "
+    "load it without `trust_remote_code`; installing the package alone does not (without the import they ask for "
+    "`trust_remote_code=True`).")
 _ARCH_TITLES = {"angpt": "anGPT (approximately normalized GPT)", "ngpt": "nGPT (normalized GPT)",
                 "gptplus": "GPT+ (pre-norm GPT with QK-norm)"}
 
@@ -98,8 +106,7 @@ def model_card_text(config, card_info: dict | None = None, model_id: str | None 
         f"| training tokens | {info.get('train_tokens', 'unknown')} |",
         f"| validation loss | {info.get('val_loss', 'unknown')} |", "",
         "## Usage", "",
-        "The model code ships with the checkpoint (`trust_remote_code=True`); with `pip install angpt` "
-        "the Auto classes find it without remote code.", "",
+        LOADING_NOTE, "",
         "```python", _usage(model_id, causal, has_tokenizer).rstrip(), "```", "",
     ]
     return "\n".join(lines)
@@ -133,4 +140,29 @@ def read_card_info(directory) -> dict:
     return {k: v for k, v in info.items() if v is not None}
 
 
-__all__ = ["model_card_text", "write_model_card", "read_card_info", "attention_summary"]
+def create_hub_repo(repo_id: str, private: bool | None = None, token=None) -> str:
+    """Create (or find) a model repository on the Hub; its full id."""
+    import huggingface_hub
+
+    return huggingface_hub.HfApi(token=token).create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+
+
+def upload_directory(directory, repo_id: str, token=None, commit_message: str = "Upload model",
+                     commit_description: str | None = None, create_pr: bool = False, revision: str | None = None):
+    """Every file under `directory` in one commit, through huggingface_hub's public API only (HfApi.create_branch
+    for a new revision, HfApi.create_commit), not transformers' private upload helpers."""
+    import huggingface_hub
+
+    api = huggingface_hub.HfApi(token=token)
+    if revision is not None and not revision.startswith("refs/pr"):
+        api.create_branch(repo_id=repo_id, branch=revision, token=token, exist_ok=True)
+    paths = sorted(os.path.join(folder, name) for folder, _, names in os.walk(directory) for name in names)
+    operations = [huggingface_hub.CommitOperationAdd(path_in_repo=os.path.relpath(path, directory).replace(os.sep, "/"),
+                                                     path_or_fileobj=path) for path in paths]
+    return api.create_commit(repo_id=repo_id, operations=operations, commit_message=commit_message,
+                             commit_description=commit_description, token=token, create_pr=create_pr,
+                             revision=revision)
+
+
+__all__ = ["model_card_text", "write_model_card", "read_card_info", "attention_summary", "LOADING_NOTE",
+           "create_hub_repo", "upload_directory"]

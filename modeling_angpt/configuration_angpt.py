@@ -84,6 +84,10 @@ class AnGPTConfig(PreTrainedConfig):
     Args (beyond the usual transformers ones):
         architecture: `"angpt"` (SPEC §1.3), `"ngpt"` (§1.2) or `"gptplus"` (§1.1).
         intermediate_size: MLP width; `None` means 4·hidden_size, the width the ν constants assume.
+        num_key_value_heads: key/value heads for grouped-query attention (`None`: one per query head); query head
+            h reads key/value head h // (num_attention_heads / num_key_value_heads), as in transformers' `repeat_kv`.
+        head_dim: channels per head; `None` means hidden_size / num_attention_heads. Any value works: the ν
+            constants are derived from it (architectures_angpt.AnGPT.constants).
         qk_norm: GPT+ only; per-head RMSNorm with gain on q and k (off = Llama).
         alpha_shape: `"vector"` (one α per hidden dimension) or `"scalar"` (one per sublayer) [flag].
         alpha_init: initial LERP weight α for nGPT/anGPT (0.05; the anGPT paper also mentions 0.01) [flag].
@@ -116,6 +120,7 @@ class AnGPTConfig(PreTrainedConfig):
     intermediate_size: int | None = None
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
+    num_key_value_heads: int | None = None
     head_dim: int | None = None
     max_position_embeddings: int = 1024
     architecture: str = "angpt"
@@ -183,6 +188,12 @@ class AnGPTConfig(PreTrainedConfig):
                     f"num_attention_heads={self.num_attention_heads} (or set head_dim)")
             self.head_dim = self.hidden_size // self.num_attention_heads
         _check_positive("head_dim", self.head_dim)
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        _check_positive("num_key_value_heads", self.num_key_value_heads)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"AnGPTConfig.num_key_value_heads={self.num_key_value_heads} must divide "
+                             f"num_attention_heads={self.num_attention_heads} (each key/value head serves a group)")
         if self.head_dim % 2:
             raise ValueError(f"AnGPTConfig.head_dim={self.head_dim} must be even (RoPE rotates channel pairs)")
         _check_choice("alpha_shape", self.alpha_shape, ALPHA_SHAPES)
@@ -223,11 +234,6 @@ class AnGPTConfig(PreTrainedConfig):
             _check_positive("rope_parameters['factor']", rope.get("factor"))
         if rope["rope_type"] == "scale_invariant_p":
             _check_positive("rope_parameters['effective_base']", rope.get("effective_base"))
-
-    @property
-    def num_key_value_heads(self) -> int:
-        # Multi-head attention throughout (SPEC §1); exposed because cache and generation utilities read it.
-        return self.num_attention_heads
 
 
 __all__ = ["AnGPTConfig"]

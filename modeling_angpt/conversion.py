@@ -21,14 +21,14 @@ def gptplus_config_from(source) -> AnGPTConfig:
     _require(model_type in SUPPORTED_MODEL_TYPES, "model_type", model_type, f"one of {sorted(SUPPORTED_MODEL_TYPES)}")
     heads = source.num_attention_heads
     kv_heads = getattr(source, "num_key_value_heads", None) or heads
-    _require(kv_heads == heads, "num_key_value_heads", kv_heads, f"{heads} (GPT+ has no grouped-query attention)")
     _require(getattr(source, "hidden_act", "silu") == "silu", "hidden_act", source.hidden_act, "'silu'")
     _require(not getattr(source, "attention_bias", False), "attention_bias", True, "False (GPT+ has no biases)")
     _require(not getattr(source, "mlp_bias", False), "mlp_bias", True, "False (GPT+ has no biases)")
     _require(not getattr(source, "use_sliding_window", False), "use_sliding_window", True, "False")
     rope = dict(source.rope_parameters or {})
     rope_type = rope.get("rope_type", "default")
-    _require(rope_type == "default", "rope_parameters['rope_type']", rope_type, "'default'")
+    _require(rope_type == "default", "rope_parameters['rope_type']", rope_type,
+             "'default' (GPT+ has no exact equivalent of this RoPE scaling; refusing to approximate it)")
     return AnGPTConfig(
         architecture="gptplus",
         qk_norm=SUPPORTED_MODEL_TYPES[model_type],
@@ -37,6 +37,7 @@ def gptplus_config_from(source) -> AnGPTConfig:
         intermediate_size=source.intermediate_size,
         num_hidden_layers=source.num_hidden_layers,
         num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         head_dim=getattr(source, "head_dim", None) or source.hidden_size // heads,
         max_position_embeddings=source.max_position_embeddings,
         rms_norm_eps=source.rms_norm_eps,

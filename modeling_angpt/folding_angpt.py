@@ -231,6 +231,8 @@ def fold_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[
             if not isinstance(attn.q_norm, L2Norm):
                 raise TypeError(f"fold: {p}self_attn.q_norm must be an exact L2 norm to merge s_qk onto q")
             c_q = torch.full((heads * d_h,), float(attn.scaling), dtype=torch.float64)
+            if s_qk is not None:  # one s_qk per key channel, shared by the query heads of its group (GQA)
+                s_qk = s_qk.view(-1, d_h).repeat_interleave(attn.num_key_value_groups, dim=0).flatten()
             out[p + "self_attn.query_gain.weight"] = c_q if s_qk is None else c_q * s_qk.square()
         elif s_qk is not None:
             raise ValueError(f"fold: {p}self_attn has s_qk but the folded form has no query gain")

@@ -16,12 +16,12 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
                                            SequenceClassifierOutputWithPast)
-from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
 from .attention_angpt import eager_attention_forward, get_attention_function, uses_layout
-from .card_angpt import write_model_card
+from .card_angpt import create_hub_repo, upload_directory, write_model_card
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
 from .layers_angpt import RMSNorm, RowScaledLinear, Scale, linear
@@ -31,22 +31,25 @@ from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
 
 
 class AnGPTAttention(nn.Module):
-    """Multi-head attention; the architecture decides the q/k treatment, softmax scale and ν constants."""
+    """Multi-head or grouped-query attention; the architecture decides the q/k treatment, softmax scale and ν
+    constants. The cache holds num_key_value_heads heads; each backend lets a group of query heads share one."""
 
     def __init__(self, config: AnGPTConfig, layer_idx: int) -> None:
         super().__init__()
         arch = get_architecture(config)
         self.config, self.layer_idx = config, layer_idx
         self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
-        self.num_key_value_groups = 1
+        self.num_key_value_heads = config.num_key_value_heads
+        # grouped-query attention: query head h reads key/value head h // groups (transformers' repeat_kv)
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
         self.is_causal = config.is_causal
         self.scaling = arch.softmax_scale(config)
         constants = arch.constants(config)
         self.nu_v, self.nu_o = constants["v"], constants["o"]
-        width = self.num_heads * self.head_dim
+        width, kv_width = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.k_proj = nn.Linear(config.hidden_size, width, bias=False)
-        self.v_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=False)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
         self.o_proj.residual_output = True
         self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
@@ -63,14 +66,15 @@ class AnGPTAttention(nn.Module):
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, length, _ = hidden_states.shape
         heads = (batch, length, self.num_heads, self.head_dim)
+        kv_heads = (batch, length, self.num_key_value_heads, self.head_dim)
         query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
-        key = self.k_norm(self.k_proj(hidden_states).view(heads)).transpose(1, 2)
-        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(heads).transpose(1, 2)
+        key = self.k_norm(self.k_proj(hidden_states).view(kv_heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
+        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(kv_heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = apply_rotary(query, key, *position_embeddings)
-        if self.qk_scale is not None:  # s_qk after RoPE (SPEC §1.2), shared by q and k
-            s_qk = self.qk_scale().view(self.num_heads, 1, self.head_dim).to(query.dtype)
-            query, key = query * s_qk, key * s_qk
+        if self.qk_scale is not None:  # s_qk after RoPE (SPEC §1.2): one per key channel, shared by its query heads
+            s_qk = self.qk_scale().view(self.num_key_value_heads, 1, self.head_dim).to(query.dtype)
+            query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
         if self.query_gain is not None:  # folded form: all of q's and k's factors merged onto q (SPEC §2)
             query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
         if past_key_values is not None:
@@ -135,6 +139,11 @@ class AnGPTDecoderLayer(GradientCheckpointingLayer):
         return self.mlp_residual(hidden_states, lambda output_scale: self.mlp(normed, output_scale), self.mlp.nu_down)
 
 
+class CheckpointMismatchError(RuntimeError, ValueError):
+    """A checkpoint tensor whose shape differs from the model's: a RuntimeError as transformers raises it, and a
+    ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
+
+
 class AnGPTPreTrainedModel(PreTrainedModel):
     config_class = AnGPTConfig
     config: AnGPTConfig
@@ -150,26 +159,38 @@ class AnGPTPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, *args, **kwargs):
-        """transformers' loader, but a checkpoint that does not fit the config is an error naming the tensors,
-        never a silently re-initialised (half-loaded) model. `ignore_mismatched_sizes=True` opts out."""
-        if kwargs.get("ignore_mismatched_sizes"):
-            return super().from_pretrained(*args, **kwargs)
+        """transformers' loader, with its usual behaviour where transformers has one: a head the checkpoint lacks
+        because it was saved from another class (a classifier from a causal-LM checkpoint) is initialised and named
+        in transformers' load report; a shape mismatch raises a RuntimeError as transformers does (naming the
+        tensors; CheckpointMismatchError) unless `ignore_mismatched_sizes=True`, which re-initialises them. Stricter than transformers: any other
+        missing tensor (of the base model, or of the head the checkpoint was saved with) is an error naming the
+        tensors, never a silently re-initialised, half-loaded model."""
+        ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
         wants_info = kwargs.pop("output_loading_info", False)
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
         try:
             model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True,
                                                   **kwargs)
         except Exception as error:  # safetensors' own error names neither the checkpoint nor the problem kind
             if type(error).__name__ != "SafetensorError":
                 raise
-            source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
             raise OSError(f"checkpoint {source}: a safetensors file is corrupted or truncated ({error})") from error
-        problems = [f"{name}: checkpoint {tuple(saved)} vs config {tuple(expected)}"
-                    for name, saved, expected in sorted(info["mismatched_keys"])]
-        problems += [f"{name}: missing from the checkpoint" for name in sorted(info["missing_keys"])]
-        if problems:
-            source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-            raise ValueError(f"checkpoint {source} does not match its config ({len(problems)} tensors): "
-                             + "; ".join(problems[:8]))
+        mismatched = [f"{name}: checkpoint {tuple(saved)} vs model {tuple(expected)}"
+                      for name, saved, expected in sorted(info["mismatched_keys"])]
+        if mismatched and not ignore_mismatched:
+            raise CheckpointMismatchError(
+                f"checkpoint {source} does not match its config ({len(mismatched)} tensors): "
+                + "; ".join(mismatched[:8])
+                + ". You set `ignore_mismatched_sizes` to `False`, thus raising an error (True re-initialises them).")
+        saved_as = getattr(model.config, "architectures", None) or [cls.__name__]
+        new_head = set()
+        if cls.__name__ not in saved_as and model.base_model is not model:
+            prefix = model.base_model_prefix + "."
+            new_head = {key for key in model.state_dict() if not key.startswith(prefix)}
+        missing = [f"{name}: missing from the checkpoint" for name in sorted(set(info["missing_keys"]) - new_head)]
+        if missing:
+            raise ValueError(f"checkpoint {source} does not match its config ({len(missing)} tensors): "
+                             + "; ".join(missing[:8]))
         return (model, info) if wants_info else model
 
     def train(self, mode: bool = True):
@@ -195,17 +216,15 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     def push_to_hub(self, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,
                     token=None, max_shard_size="50GB", create_pr: bool = False, revision: str | None = None,
                     commit_description: str | None = None, card_info: dict | None = None, **kwargs):
-        """Like transformers' push_to_hub, but uploads this library's model card instead of the generic one."""
+        """Like transformers' push_to_hub, but uploads this library's model card instead of the generic one
+        (through public huggingface_hub API only, card_angpt.upload_directory)."""
         import tempfile
 
-        from transformers.utils import hub
-
-        repo_id = hub.hf_api().create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+        repo_id = create_hub_repo(repo_id, private=private, token=token)
         with tempfile.TemporaryDirectory() as tmp_dir:
             self.save_pretrained(tmp_dir, max_shard_size=max_shard_size, card_info={**(card_info or {}), "repo_id": repo_id})
-            return self._upload_modified_files(tmp_dir, repo_id, files_timestamps={}, commit_message=commit_message,
-                                               token=token, create_pr=create_pr, revision=revision,
-                                               commit_description=commit_description)
+            return upload_directory(tmp_dir, repo_id, token=token, commit_message=commit_message or "Upload model",
+                                    commit_description=commit_description, create_pr=create_pr, revision=revision)
 
     @property
     def architecture_strategy(self):
@@ -231,6 +250,28 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, AnGPTRotaryEmbedding):
             # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
             init.copy_(module.inv_freq, module.reset_parameters())
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """transformers' resize (embedding and head, tied or not), then what it does not know: the per-token output
+        scale s_z follows the vocabulary (new entries at s_z's init value), and new embedding/head rows are projected
+        by the architecture's weight constraint (nGPT: unit norm, anGPT: into the unit ball; GPT+: unchanged).
+        New rows start as transformers makes them: at the old rows' mean (`mean_resizing=True`), or at the
+        architecture's own init (`mean_resizing=False`: unit-norm rows for nGPT/anGPT, N(0, 0.02²) for GPT+)."""
+        old = self.get_input_embeddings().weight.shape[0]
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new = embeddings.weight.shape[0]
+        with torch.no_grad():
+            if new > old:
+                head = self.get_output_embeddings()
+                for weight in {id(m.weight): m.weight for m in (embeddings, head) if m is not None}.values():
+                    self.architecture_strategy.constrain(weight[old:], residual_output=False)
+            scale = getattr(self, "logit_scale", None)
+            if scale is not None and scale.weight.shape[0] != new:
+                kept = scale.weight[:new]
+                added = torch.full((new - kept.shape[0],), scale.scale, dtype=kept.dtype, device=kept.device)
+                scale.weight = nn.Parameter(torch.cat([kept, added]), requires_grad=scale.weight.requires_grad)
+        return embeddings
 
     def constrained_matrices(self):
         """(weight, residual_output) for every matrix the architecture's constraint covers (not task heads)."""
@@ -373,12 +414,14 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         s_z = None if self.logit_scale is None else self.logit_scale()
         return self.lm_head(hidden_states, s_z)  # the module, so FSDP gathers its sharded weight
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
                 **kwargs) -> CausalLMOutputWithPast:
+        # return_dict=True: the head reads fields; @can_return_tuple makes the tuple (also for config.return_dict=False)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             **kwargs)
+                             return_dict=True, **kwargs)
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.output_logits(hidden_states[:, keep, :])
@@ -414,11 +457,13 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
         last = (attention_mask.long() * positions).argmax(-1)
         return hidden_states[torch.arange(hidden_states.shape[0], device=mask.device), last]
 
+    @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, **kwargs) -> SequenceClassifierOutputWithPast:
+        # return_dict=True: the head reads fields; @can_return_tuple makes the tuple (also for config.return_dict=False)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             **kwargs)
+                             return_dict=True, **kwargs)
         pooled = self.pool(outputs.last_hidden_state, attention_mask)
         logits = self.score(self.dropout(pooled))
         loss = None
@@ -428,4 +473,5 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
                                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
-__all__ = ["AnGPTPreTrainedModel", "AnGPTModel", "AnGPTForCausalLM", "AnGPTForSequenceClassification"]
+__all__ = ["CheckpointMismatchError", "AnGPTPreTrainedModel", "AnGPTModel", "AnGPTForCausalLM",
+           "AnGPTForSequenceClassification"]

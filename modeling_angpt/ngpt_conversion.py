@@ -16,6 +16,10 @@ Key mapping (per layer i, source prefix `transformer.h.{i}.`, target prefix `mod
 | lm_head.weight                     | lm_head.weight                          | copy (untied)                         |
 | sz [V]                             | logit_scale.weight                      | effective s_z re-stored               |
 
+The reference is multi-head attention only (its GPTConfig has no key/value head count and its s_qk has n_embd
+entries), so the converted config has num_key_value_heads = n_head and head_dim = n_embd / n_head; grouped-query
+nGPT models are built from a config, not converted.
+
 Reparameterised vectors are converted through their effective values: the reference uses
 `s = stored · init/base_scale` (α: init 0.05; s_qk, s_z: 1; s_uv: 1 with scaling 1, times √d), ours uses
 `s = stored · init/scale` with scale 1/√d (Scale in layers_angpt.py), so any `base_scale` converts exactly.

@@ -44,12 +44,6 @@ def test_conversion_matches_source_logits(source_class, config_class, extra):
     assert (got - expected)[mask.bool()].abs().max() <= 1e-5
 
 
-def test_conversion_refuses_grouped_query_attention():
-    source = LlamaForCausalLM(LlamaConfig(**{**SHAPE, "num_key_value_heads": 2}))
-    with pytest.raises(ValueError, match="num_key_value_heads"):
-        gptplus_from_transformers(source)
-
-
 def test_conversion_script_round_trip(tmp_path):
     source = randomised(Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=12)))
     source.save_pretrained(tmp_path / "qwen3")

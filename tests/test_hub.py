@@ -1,4 +1,7 @@
-"""push_to_hub against a fake Hub that copies each upload into a local folder (research/hf-ecosystem.md §1)."""
+"""push_to_hub against a fake Hub that copies each upload into a local folder (research/hf-ecosystem.md §1).
+
+The fake stands in for huggingface_hub.HfApi: push_to_hub may call only its public create_repo, create_branch and
+create_commit (any other method, e.g. transformers' private upload helpers, fails on the fake)."""
 from __future__ import annotations
 
 import shutil
@@ -8,7 +11,7 @@ from unittest import mock
 
 import pytest
 import torch
-import transformers.utils.hub
+import huggingface_hub
 from transformers import AutoModelForCausalLM
 
 from modeling_angpt import AnGPTForCausalLM
@@ -40,7 +43,7 @@ def test_push_to_hub(tmp_path, tiny_config, folded):
     model = AnGPTForCausalLM(tiny_config("angpt")).eval()
     if folded:
         model = model.fold()
-    with mock.patch.object(transformers.utils.hub, "hf_api", lambda: hub):
+    with mock.patch.object(huggingface_hub, "HfApi", lambda **kwargs: hub):
         model.push_to_hub("someone/tiny-angpt", card_info={"val_loss": 3.5, "datasets": ["shakespeare"]})
     repo = tmp_path / "hub" / "someone" / "tiny-angpt"
     files = {p.name for p in repo.iterdir()}
