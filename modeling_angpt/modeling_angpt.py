@@ -408,6 +408,15 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         self.logit_scale = get_architecture(config).logit_scale(config)  # s_z
         self.post_init()
 
+    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
+        """transformers' resize_token_embeddings builds a plain nn.Linear head: keep its weight in a RowScaledLinear,
+        whose call takes s_z (output_logits)."""
+        if type(new_embeddings) is nn.Linear:
+            head = RowScaledLinear(new_embeddings.in_features, new_embeddings.out_features, bias=False, device="meta")
+            head.weight = new_embeddings.weight
+            new_embeddings = head
+        self.lm_head = new_embeddings
+
     def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states [b, t, d] -> [b, t, V] (s_z applied): callers that need logits
         for a slice of positions at a time (long-context losses) call it on their own slices."""
