@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation.runner import EvalInputError, execute, markdown_table, prepare, quiet_lm_eval_logging
+    from ..evaluation.report import markdown_table
+    from ..evaluation.runner import EvalInputError, execute, prepare, quiet_lm_eval_logging
 
     options = argparse.Namespace(**{k: v for k, v in vars(args).items()
                                     if k not in ("checkpoint", "command") and not k.startswith("_")})
