@@ -105,6 +105,25 @@ def test_suite_on_a_trained_checkpoint_uses_its_held_out_split(tiny_checkpoint, 
     assert (tmp_path / "out" / "length.png").is_file() and (tmp_path / "out" / "length.md").is_file()
 
 
+def test_corpus_file_gives_windows_of_one_running_text(tiny_checkpoint, tmp_path):  # noqa: F811
+    """--corpus FILE: the 4L window is the file's first 4L tokens in order (checked against the plain forward on
+    them), not four unrelated validation blocks."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory = tiny_checkpoint(32)
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    text = tmp_path / "held_out.txt"
+    text.write_text("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 12)
+    results = length.run_suite(model, tokenizer, directory, options(lengths=[1, 4], limit=1, corpus=str(text)),
+                               tmp_path / "out")
+    ids = torch.tensor([tokenizer(text.read_text())["input_ids"][:4 * 32]])
+    with torch.no_grad():
+        expected = F.cross_entropy(model(ids).logits[0, :-1], ids[0, 1:]).item()
+    assert results["length_x4"]["loss"] == pytest.approx(expected, abs=1e-4)
+    assert json.loads((tmp_path / "out" / "length.json").read_text())["source"].startswith(str(text))
+
+
 @pytest.mark.parametrize("lengths,message", [
     ([2 ** 20], r"--lengths 1048576: 1048576 × 32 = 33554432 tokens exceeds the 16777216 positions that "
                 r"rope_type='default' represents exactly in float32"),

@@ -171,12 +171,30 @@ def preflight(checkpoint: Path, options) -> None:
     suite_lengths(Path(checkpoint), options, DEFAULT_MULTIPLES)
 
 
+def contiguous_blocks(path: Path, tokenizer, train_length: int) -> tuple[np.ndarray, str]:
+    """`--corpus FILE`: the file's text tokenised whole and cut into consecutive blocks, so a window of m blocks is
+    m·L tokens of one running text (the validation split's blocks are a random sample of the corpus: a window
+    made of them continues with unrelated text after each L tokens). The file should be text the model never
+    trained on."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--corpus {path}: no such file (expected a held-out text file)")
+    ids = np.asarray(tokenizer(path.read_text(encoding="utf-8", errors="replace"))["input_ids"], dtype=np.int64)
+    count = len(ids) // train_length
+    if count == 0:
+        raise ValueError(f"--corpus {path}: {len(ids)} tokens, fewer than one window of {train_length}")
+    return ids[:count * train_length].reshape(count, train_length), f"{path} ({count} consecutive blocks of {train_length})"
+
+
 def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
     """`angpt eval CHECKPOINT --suite length`: options.lengths (multiples; default 1,2,4,8,16), batch_size, limit
     (number of longest windows, or a fraction of them), optional train_length; artifacts into output_dir."""
     checkpoint = Path(checkpoint)
     train_length, multiples = suite_lengths(checkpoint, options, DEFAULT_MULTIPLES, model.config)
-    blocks, source = held_out_blocks(checkpoint, train_length)
+    corpus = getattr(options, "corpus", None)
+    if corpus and Path(corpus).suffix not in (".yaml", ".yml"):
+        blocks, source = contiguous_blocks(Path(corpus), tokenizer, train_length)
+    else:
+        blocks, source = held_out_blocks(checkpoint, train_length)
     available = blocks.size // (multiples[-1] * train_length)
     report = length_generalisation(model, blocks, train_length, multiples,
                                    windows=limit_count(getattr(options, "limit", None), max(available, 1)),
