@@ -48,12 +48,14 @@ test: $(STAMP)
 # each on 2 cores and need the corpus of bench/build_corpus.sh). Figures go to bench/RESULTS.md, plots to bench/plots.
 bench: $(STAMP)
 	$(VENV)/bin/python bench/throughput.py
+	$(VENV)/bin/python bench/train_step_time.py --bf16 --compile --ablations
 	$(VENV)/bin/python bench/inference_speed.py
 	$(VENV)/bin/python bench/long_context_memory.py
 	test -d bench/corpus || bench/build_corpus.sh bench/corpus $(PY)
 	$(VENV)/bin/python bench/convergence.py
 	$(VENV)/bin/python bench/length_generalisation.py
 	$(VENV)/bin/python bench/needle.py
+	$(VENV)/bin/python bench/semantic_focus.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs eval_results
