@@ -333,10 +333,7 @@ def plot(summary: dict, path: pathlib.Path) -> None:
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
         axis.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    rf.save_figure(figure, path)
 
 
 def parse_config(argv) -> dict:

@@ -161,10 +161,7 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     axis.set_xscale("log", base=2)
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    rf.save_figure(figure, path)
 
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:

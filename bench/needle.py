@@ -102,10 +102,7 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     axis.set_xticks([j + width * (len(ms) - 1) / 2 for j in range(len(names))], names, rotation=20, fontsize=8)
     axis.set(ylabel="needle accuracy", ylim=(0, 1.05), title=f"fine-tuned at L={cfg['length']}")
     axis.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    rf.save_figure(figure, path)
 
 
 def main(argv=None):

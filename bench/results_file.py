@@ -34,6 +34,16 @@ def add_output_arguments(parser) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only, write neither RESULTS.md nor plots")
 
 
+def save_figure(figure, path: str | pathlib.Path) -> None:
+    """Lay out, write (creating the folder) and close a matplotlib figure: every bench plot is saved alike."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def plot_link(results: str | pathlib.Path, png: str | pathlib.Path) -> str:
     """The PNG's path relative to the RESULTS.md that links it."""
     return os.path.relpath(pathlib.Path(png).resolve(), pathlib.Path(results).resolve().parent)

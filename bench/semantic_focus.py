@@ -140,10 +140,9 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
             axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
             axes[row][column].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    from results_file import save_figure
+
+    save_figure(figure, path)
 
 
 def machine() -> str:

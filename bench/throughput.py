@@ -170,8 +170,6 @@ def main(argv=None):
 
 
 def plot(rows: dict, cfg: dict, path: str) -> None:
-    import pathlib
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -189,10 +187,7 @@ def plot(rows: dict, cfg: dict, path: str) -> None:
         axis.set_xticks([j + width * (len(rows) - 1) / 2 for j in range(len(names))], names)
     axis.set(ylabel="training tokens/s (median, min–max)", title=f"d={cfg['hidden']}, {cfg['layers']} layers")
     axis.legend()
-    figure.tight_layout()
-    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    rf.save_figure(figure, path)
 
 
 if __name__ == "__main__":

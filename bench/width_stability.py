@@ -111,20 +111,29 @@ def run_preset(name: str, layers: int, steps: int, batch: int, seq: int, lr: flo
                      corpus=corpus, heads=config.num_attention_heads, vocab=config.vocab_size, device=device)
 
 
+
+def spike_text(result: dict) -> str:
+    return "diverged" if not result["finite"] else f"{result['spike']:.2f}×"
+
+
+def record(rows: list, row: str, start: float, rows_file: str | None) -> None:
+    """Keep a table row, print it with its wall time, and append it to --rows (a sweep resumable by hand)."""
+    rows.append(row)
+    print(row, f"({time.time() - start:.0f} s)", flush=True)
+    if rows_file:
+        with open(rows_file, "a") as f:
+            f.write(row + "\n")
+
+
 def main_presets(args) -> None:
     corpus = byte_corpus()
     rows = []
     for name, steps in zip(args.presets, args.preset_steps):
         start = time.time()
-        r = run_preset(name, args.layers, steps, args.batch, args.seq, args.lr, args.device, args.bf16 if hasattr(args, "bf16") else False, corpus)
-        spike = "diverged" if not r["finite"] else f"{r['spike']:.2f}×"
-        row = (f"| {name} | {r['hidden']} | {args.layers} | {len(r['losses'])} | {spike} | {r['losses'][0]:.3f} | "
-               f"{r['final_loss']:.3f} | {r['max_stream_norm']:.1f} |")
-        rows.append(row)
-        print(row, f"({time.time() - start:.0f} s)", flush=True)
-        if args.rows:
-            with open(args.rows, "a") as f:
-                f.write(row + "\n")
+        r = run_preset(name, args.layers, steps, args.batch, args.seq, args.lr, args.device,
+                       getattr(args, "bf16", False), corpus)
+        record(rows, f"| {name} | {r['hidden']} | {args.layers} | {len(r['losses'])} | {spike_text(r)} | "
+                     f"{r['losses'][0]:.3f} | {r['final_loss']:.3f} | {r['max_stream_norm']:.1f} |", start, args.rows)
     if args.rows:
         rows = open(args.rows).read().splitlines()
     section = "\n".join([
@@ -173,14 +182,9 @@ def main(argv=None):
                 start = time.time()
                 r = run_probe(d, args.layers, args.lr, args.steps, bf16=precision == "bf16", seed=args.seed,
                               corpus=corpus, device=args.device, **VARIANTS[variant])
-                spike = "diverged" if not r["finite"] else f"{r['spike']:.2f}×"
-                row = (f"| {variant} | {precision} | {d} | {spike} | {r['losses'][0]:.3f} | {r['final_loss']:.3f} | "
-                       f"{r['max_stream_norm']:.1f} | {r['stream_norm']:.1f} | {r['sigma_down']:.1f} |")
-                rows.append(row)
-                print(row, f"({time.time() - start:.0f} s)", flush=True)
-                if args.rows:
-                    with open(args.rows, "a") as f:
-                        f.write(row + "\n")
+                record(rows, f"| {variant} | {precision} | {d} | {spike_text(r)} | {r['losses'][0]:.3f} | "
+                             f"{r['final_loss']:.3f} | {r['max_stream_norm']:.1f} | {r['stream_norm']:.1f} | "
+                             f"{r['sigma_down']:.1f} |", start, args.rows)
     if args.rows:
         rows = sorted(set(open(args.rows).read().splitlines()),
                       key=lambda r: (r.split("|")[2], list(VARIANTS).index(r.split("|")[1].strip()), int(r.split("|")[3])))
