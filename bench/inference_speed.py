@@ -2,6 +2,7 @@
 """Inference tokens/s: folded anGPT vs folded GPT+ vs transformers' LlamaForCausalLM of the same shape (SPEC §2).
 
     python bench/inference_speed.py [--hidden 512 --layers 8 --heads 8 --vocab 16384 --repeats 7] [--compile]
+                                    [--device cuda --dtype bfloat16]
 
 All models run side by side in one process, interleaved repetition by repetition (so machine noise hits
 them alike), same dtype, same attention backend (sdpa), same threads; medians are reported. The unfolded
@@ -43,10 +44,15 @@ def build_models(args, dtype):
     llama = LlamaForCausalLM._from_config(LlamaConfig(intermediate_size=4 * args.hidden, tie_word_embeddings=False,
                                                       **shape), attn_implementation="sdpa")
     models["Llama (transformers)"] = llama.to(dtype)
-    return {name: m.eval() for name, m in models.items()}
+    return {name: m.to(args.device).eval() for name, m in models.items()}
+
+
+DEVICE = "cpu"  # set by main(); the clocks wait for the GPU's queue, otherwise they would time the launches only
 
 
 def clocks():
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
     return time.perf_counter(), time.process_time()
 
 
@@ -99,8 +105,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--compile", action="store_true", help="compiled static-cache decoding (see above)")
     args = parser.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -109,8 +118,8 @@ def main(argv=None) -> int:
     results = {}  # (phase, batch, model) -> [tokens/s]
     capacity = args.prompt_len + args.decode_steps  # one static cache size for warm-up and measurement
     for batch in args.batches:
-        prefill_ids = torch.randint(0, args.vocab, (batch, args.prefill_len))
-        prompt_ids = torch.randint(0, args.vocab, (batch, args.prompt_len))
+        prefill_ids = torch.randint(0, args.vocab, (batch, args.prefill_len), device=args.device)
+        prompt_ids = torch.randint(0, args.vocab, (batch, args.prompt_len), device=args.device)
         for model in models.values():  # warm-up
             prefill_time(model, prefill_ids[:, :32])
             decode_time(model, prompt_ids, 2, args.compile, capacity)  # the decode shapes, so compiling happens here
@@ -120,7 +129,9 @@ def main(argv=None) -> int:
                     results.setdefault((clock, "prefill", batch, name), []).append(batch * args.prefill_len / t)
                 for clock, t in zip(("wall", "cpu"), decode_time(model, prompt_ids, args.decode_steps, args.compile, capacity)):
                     results.setdefault((clock, "decode", batch, name), []).append(batch * args.decode_steps / t)
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+    where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
+    print(f"machine: {where}, "
           f"torch {torch.__version__}, {args.dtype}, sdpa" + (", compiled static-cache decoding" if args.compile else ""))
     print(f"shape: d={args.hidden}, L={args.layers}, H={args.heads}, MLP 4d, vocab {args.vocab}; "
           f"prefill {args.prefill_len} tokens; decode {args.decode_steps} steps after {args.prompt_len}; "

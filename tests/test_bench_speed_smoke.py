@@ -1,0 +1,49 @@
+"""The speed and stability benchmarks run end to end at a smoke size (seconds), so the scripts cannot rot; none of
+them writes into bench/ here (--no-write, or a RESULTS.md under tmp_path)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+    for name in ("inference_speed", "train_step_time", "width_stability", "results_file"):
+        sys.modules.pop(name, None)
+
+
+def test_inference_speed_smoke(bench, capsys):
+    import inference_speed
+
+    inference_speed.main(["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64", "--prefill-len", "8",
+                          "--prompt-len", "4", "--decode-steps", "2", "--batches", "1", "--repeats", "1",
+                          "--threads", "1", "--device", "cpu"])
+    table = capsys.readouterr().out
+    assert "| wall | decode | 1 |" in table and "| cpu | prefill | 1 |" in table
+
+
+def test_train_step_time_smoke(bench, capsys):
+    import train_step_time
+
+    train_step_time.main(["--device", "cpu", "--hidden", "32", "--layers", "1", "--vocab", "64", "--batch", "2",
+                          "--seq", "16", "--rounds", "1", "--warmup", "1", "--ablations", "--no-write"])
+    out = capsys.readouterr().out
+    assert "| angpt |" in out and "angpt without constraint" in out
+
+
+def test_width_stability_smoke(bench, capsys):
+    import width_stability
+
+    width_stability.main(["--widths", "64", "--layers", "1", "--steps", "2", "--batch", "2", "--seq", "16",
+                          "--variants", "baseline", "width_rule", "--device", "cpu", "--no-write"])
+    out = capsys.readouterr().out
+    assert "| baseline | fp32 | 64 |" in out and "| width_rule | fp32 | 64 |" in out
