@@ -29,12 +29,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM  # noqa: E402
 from modeling_angpt.training.optim import scaled_param_groups, width_lr_scale  # noqa: E402
 
-# One change at a time against the SPEC §1.3 defaults (the recipe's lr_width_rule is "none" in `baseline`).
+# One change at a time against the SPEC §1.3 defaults: no width rule and nGPT's s_z speed √d (`SPEC_SPEED`);
+# the last two rows are the project's anGPT defaults, added one at a time.
+SPEC_SPEED = "sqrt_width"
 VARIANTS = {
-    "baseline": dict(),
-    "alpha_init_0.01": dict(model_kwargs={"alpha_init": 0.01}),
-    "adam_b2_0.99_eps_1e-8": dict(adam_beta2=0.99, adam_eps=1e-8),
-    "width_rule": dict(width_rule="inverse_width"),
+    "baseline": dict(model_kwargs={"logit_scale_speed": SPEC_SPEED}),
+    "alpha_init_0.01": dict(model_kwargs={"alpha_init": 0.01, "logit_scale_speed": SPEC_SPEED}),
+    "adam_b2_0.99_eps_1e-8": dict(adam_beta2=0.99, adam_eps=1e-8, model_kwargs={"logit_scale_speed": SPEC_SPEED}),
+    "width_rule": dict(width_rule="inverse_width", model_kwargs={"logit_scale_speed": SPEC_SPEED}),
+    "width_rule+s_z_speed_256": dict(width_rule="inverse_width"),
 }
 
 
@@ -62,9 +65,12 @@ def run_probe(hidden: int, layers: int = 2, lr: float = 0.004, steps: int = 40, 
               corpus=None, heads: int | None = None, vocab: int = 256, device: str = "cpu") -> dict:
     """One short run; returns the losses, the spike ratio and, at the last step, ‖h‖ and σ(W_down)."""
     torch.manual_seed(seed)
+    model_kwargs = dict(model_kwargs or {})
+    if model_kwargs.get("logit_scale_speed") == SPEC_SPEED:
+        model_kwargs["logit_scale_speed"] = math.sqrt(hidden)
     config = AnGPTConfig(architecture=architecture, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=heads or max(1, hidden // 64), max_position_embeddings=seq,
-                         use_cache=False, **(model_kwargs or {}))
+                         use_cache=False, **model_kwargs)
     model = AnGPTForCausalLM._from_config(config, attn_implementation="sdpa").to(device).train()
     model.apply_weight_constraints()
     groups = scaled_param_groups(model, model.optimizer_param_groups(0.0), lr,
@@ -98,16 +104,17 @@ def run_probe(hidden: int, layers: int = 2, lr: float = 0.004, steps: int = 40, 
             "sigma_down": float(torch.linalg.matrix_norm(down, 2)) if finite else float("nan")}
 
 
-def run_preset(name: str, layers: int, steps: int, batch: int, seq: int, lr: float, device: str = "cpu",
+def run_preset(name: str, layers: int | None, steps: int, batch: int, seq: int, lr: float, device: str = "cpu",
                bf16: bool = False, corpus=None) -> dict:
-    """A preset's width, heads and vocabulary at reduced depth, trained with the anGPT recipe's defaults (the
-    width rule included) on byte-level text: the first `steps` steps, as in run_probe."""
+    """A preset's width, heads, vocabulary and (layers=None) depth, trained with the anGPT recipe's defaults (the
+    width rule included, the config's s_z speed) on byte-level text: the first `steps` steps, as in run_probe."""
     from modeling_angpt.training.model_setup import preset_path
 
     values = json.loads(preset_path(name).read_text())
     assert values.get("architecture", "angpt") == "angpt", name
     config = AnGPTConfig(**{k: v for k, v in values.items() if k not in ("model_type", "architecture")})
-    return run_probe(config.hidden_size, layers, lr, steps, batch, seq, bf16=bf16, width_rule="inverse_width",
+    return run_probe(config.hidden_size, layers or config.num_hidden_layers, lr, steps, batch, seq, bf16=bf16,
+                     width_rule="inverse_width",
                      corpus=corpus, heads=config.num_attention_heads, vocab=config.vocab_size, device=device)
 
 
@@ -132,18 +139,23 @@ def main_presets(args) -> None:
         start = time.time()
         r = run_preset(name, args.layers, steps, args.batch, args.seq, args.lr, args.device,
                        getattr(args, "bf16", False), corpus)
-        record(rows, f"| {name} | {r['hidden']} | {args.layers} | {len(r['losses'])} | {spike_text(r)} | "
-                     f"{r['losses'][0]:.3f} | {r['final_loss']:.3f} | {r['max_stream_norm']:.1f} |", start, args.rows)
+        record(rows, f"| {name} | {r['hidden']} | {r['layers']} | {len(r['losses'])} | {spike_text(r)} | "
+                     f"{r['losses'][0]:.3f} | {r['final_loss']:.3f} | {r['max_stream_norm']:.1f} | "
+                     f"{time.time() - start:.0f} |", start, args.rows)
     if args.rows:
         rows = open(args.rows).read().splitlines()
     section = "\n".join([
         "## anGPT presets: first steps at the recipe defaults (issue 12)", "",
-        f"`bench/width_stability.py --presets ...` on {args.device} (load average {os.getloadavg()[0]:.1f}): each "
-        f"preset's width, heads and vocabulary at REDUCED depth ({args.layers} layers) and batch ({args.batch}×"
-        f"{args.seq} tokens of byte-level Shakespeare), lr {args.lr} constant, Adam β=(0.9, 0.95) eps 1e-9, clip 1.0, "
-        "no warm-up, the recipe's width rule (matrices' lr × 128/d). Steps: as many as fitted on the shared 2-core "
-        "CPU. Criterion (issue 12): finite, max loss ≤ 1.5× the initial loss.", "",
-        "| preset | d | layers run | steps run | spike | loss₀ | final loss | max ‖h‖ |", "|---|---|---|---|---|---|---|---|",
+        f"`bench/width_stability.py --presets ... --batch {args.batch} --seq {args.seq}"
+        + (f" --layers {args.layers}" if args.layers else "") + f"` on {args.device} (load average "
+        f"{os.getloadavg()[0]:.1f}): each preset's width, heads, vocabulary and "
+        + (f"REDUCED depth ({args.layers} layers)" if args.layers else "depth") + f", float32, batch {args.batch}×"
+        f"{args.seq} tokens of byte-level Shakespeare (so all but 256 vocabulary entries never occur: the first "
+        f"steps must push their probability mass away), lr {args.lr} constant, Adam β=(0.9, 0.95) eps 1e-9, clip "
+        "1.0, no warm-up, the anGPT recipe's width rule (matrices' lr × 128/d) and the config's s_z speed. "
+        "Criterion (issue 12): finite, max loss ≤ 1.5× the initial loss.", "",
+        "| preset | d | layers run | steps run | spike | loss₀ | final loss | max ‖h‖ | wall time (s) |",
+        "|---|---|---|---|---|---|---|---|---|",
         *rows])
     print(section)
     if not args.no_write:
@@ -154,7 +166,8 @@ def main_presets(args) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024])
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=None,
+                        help="depth (default: 2 for --widths, the preset's own depth for --presets)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--lr", type=float, default=0.004)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
@@ -174,6 +187,7 @@ def main(argv=None):
         args.preset_steps = args.preset_steps or [args.steps] * len(args.presets)
         args.bf16 = args.precisions == ["bf16"]
         return main_presets(args)
+    args.layers = args.layers or 2
     corpus = byte_corpus()
     rows = []
     for precision in args.precisions:

@@ -63,8 +63,8 @@ class Architecture:
         return Scale(size, 1.0, 1.0), Scale(size, 1.0, 1.0)
 
     def logit_scale(self, config) -> Scale | None:
-        """s_z on the logits."""
-        return Scale(config.vocab_size, 1.0, 1.0 / math.sqrt(config.hidden_size))
+        """s_z on the logits; its reparameterisation sets how fast Adam moves it (config.logit_scale_speed)."""
+        return Scale(config.vocab_size, 1.0, 1.0 / config.logit_scale_speed)
 
     # --- constants -------------------------------------------------------------------------------
     def softmax_scale(self, config) -> float:

@@ -13,6 +13,9 @@ from .masks_angpt import SPARSITIES
 ARCHITECTURES = ("angpt", "ngpt", "gptplus")
 ALPHA_SHAPES = ("vector", "scalar")
 GATE_SQRT_D_PLACEMENTS = ("gate", "both")
+# anGPT's s_z speed (logit_scale_speed): the logit temperature the data asks for (a few nats) does not depend on the
+# width, so neither does the speed; 256 is the value measured stable and fastest at d = 256 … 1536 (bench/RESULTS.md).
+ANGPT_LOGIT_SCALE_SPEED = 256.0
 # Attention axes (SPEC.md §3): the logit transforms and sparsity patterns are registries of behaviour
 # (logit_transforms_angpt.py, masks_angpt.py); users add their own with register_logit_transform/register_sparsity.
 ROPE_TYPES = ("default", "proportional", "scale_invariant_p", "dynamic", "yarn", "linear", "none")
@@ -95,6 +98,11 @@ class AnGPTConfig(PreTrainedConfig):
         alpha_nu: anGPT only; multiply each LERP residual by ν(α) (SPEC §1.3). False is the paper's ablation.
         gate_sqrt_d: where nGPT/anGPT put the √d factor of the MLP: `"gate"` (paper) or `"both"` (NVIDIA code) [flag].
         nu_att: constant factor on the attention output o (1 = none, SPEC §1.3) [flag].
+        logit_scale_speed: nGPT/anGPT; s_z is stored reparameterised as ŝ with s_z = speed·ŝ, so Adam moves s_z by
+            about lr·speed a step. `None` picks the architecture's: √d for nGPT (its paper, SPEC §1.2) and 256 for
+            anGPT. Why anGPT needs a fast s_z: with no final norm its logit temperature is s_z·‖h‖, and when s_z
+            cannot grow fast enough the last block lengthens h instead, so the stream stops being normalised and
+            the loss spikes (docs/architectures.md, "The logit scale"; bench/RESULTS.md, width stability) [flag].
         rope_parameters: transformers 5 RoPE dict: `rope_type`, `rope_theta`, `partial_rotary_factor` (default 0.5).
             rope_type `none` is NoPE; `proportional` is Barbero et al.'s p-RoPE (keep the highest-frequency
             fraction p of the pairs); `scale_invariant_p` is the scale-invariant paper's p-RoPE (p·d_h/2 rotating
@@ -133,6 +141,7 @@ class AnGPTConfig(PreTrainedConfig):
     alpha_nu: bool = True
     gate_sqrt_d: str = "gate"
     nu_att: float = 1.0
+    logit_scale_speed: float | None = None
     rope_parameters: dict | None = None
     attention_logit_transform: str = "none"
     scale_invariant_tau: float = 10.0
@@ -157,6 +166,8 @@ class AnGPTConfig(PreTrainedConfig):
     def __post_init__(self, **kwargs):
         if self.intermediate_size is None:
             self.intermediate_size = 4 * self.hidden_size
+        if self.logit_scale_speed is None:
+            self.logit_scale_speed = ANGPT_LOGIT_SCALE_SPEED if self.architecture == "angpt" else self.hidden_size**0.5
         if self.rope_parameters is None:
             self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
         else:
@@ -199,6 +210,7 @@ class AnGPTConfig(PreTrainedConfig):
         _check_choice("alpha_shape", self.alpha_shape, ALPHA_SHAPES)
         _check_choice("gate_sqrt_d", self.gate_sqrt_d, GATE_SQRT_D_PLACEMENTS)
         _check_positive("nu_att", self.nu_att)
+        _check_positive("logit_scale_speed", self.logit_scale_speed)
         _check_choice("classifier_pooling", self.classifier_pooling, POOLINGS)
         self._validate_rope()
         _check_registered("attention_logit_transform", self.attention_logit_transform, LOGIT_TRANSFORMS,

@@ -59,3 +59,43 @@ def test_angpt_recipe_defaults_train_without_spikes_at_width(hidden):
 def test_without_the_width_rule_d512_spikes():
     losses = _losses(512, "none")
     assert not all(math.isfinite(x) for x in losses) or max(losses) > 1.5 * losses[0], losses
+
+
+def _logit_scale_run(speed: float | None, steps: int = 14) -> tuple[list[float], list[float]]:
+    """angpt-10m's width and vocabulary (d=256, V=8192) at 2 layers on byte-level text: most of the vocabulary never
+    occurs, so the first steps must push ~97 % of the probability mass off unused tokens, which takes logits of a
+    few nats, i.e. s_z·‖h‖ ≫ 1 (rows of W_head are ≤ 1). Returns the losses and ‖h‖ after the last block."""
+    torch.manual_seed(0)
+    config = AnGPTConfig(architecture="angpt", vocab_size=8192, hidden_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, max_position_embeddings=SEQ, use_cache=False, logit_scale_speed=speed)
+    model = AnGPTForCausalLM._from_config(config, attn_implementation="sdpa").train()
+    model.apply_weight_constraints()
+    norms = []
+    model.model.layers[-1].register_forward_hook(lambda m, a, out: norms.append(float(out.detach().norm(dim=-1).mean())))
+    recipe = Recipe(learning_rate=LR).with_architecture_defaults(architecture_defaults(model))
+    optimizer = build_optimizer(model, recipe)
+    data, g = _bytes(), torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(steps):
+        starts = torch.randint(0, data.numel() - SEQ, (BATCH,), generator=g).tolist()
+        ids = torch.stack([data[s:s + SEQ] for s in starts])
+        loss = model(input_ids=ids, labels=ids).loss
+        losses.append(float(loss.detach()))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        model.apply_weight_constraints()
+    return losses, norms
+
+
+def test_fast_logit_scale_keeps_the_stream_normalised_and_the_loss_below_its_start():
+    """anGPT's default s_z speed (256) lets s_z supply the logit temperature, so the stream stays approximately
+    normalised (‖h‖ ≈ 1-3) and the loss never rises; with nGPT's slower s_z (speed √d = 16 here) the last block
+    lengthens h instead (‖h‖ > 10) and the loss overshoots (bench/RESULTS.md, width stability: 1.88× at 200 steps)."""
+    assert AnGPTConfig(architecture="angpt").logit_scale_speed == 256
+    assert AnGPTConfig(architecture="ngpt", hidden_size=256).logit_scale_speed == 16
+    losses, norms = _logit_scale_run(None)
+    assert max(losses) <= losses[0] and max(norms) < 4.0, (losses, norms)
+    slow_losses, slow_norms = _logit_scale_run(16.0)
+    assert max(slow_norms) > 10.0 and max(slow_losses) > 1.2 * slow_losses[0], (slow_losses, slow_norms)
