@@ -46,7 +46,10 @@ SIZES = {
 # anGPT ablations (SPEC §1.3 [flag]s), each one change from anGPT's recipe at its best learning rate, seed 0.
 ABLATIONS = {"alpha0.01": ("α init 0.01", ["model_kwargs.alpha_init=0.01"]),
              "no_nu": ("no ν(α) on the residual", ["model_kwargs.alpha_nu=false"]),
-             "warmup": ("5 % linear warm-up", ["warmup_ratio=0.05"])}
+             "warmup": ("5 % linear warm-up", ["warmup_ratio=0.05"]),
+             # the project's two departures (docs/architectures.md), each undone: SPEC's s_z speed √d, no width rule
+             "spec_sz": ("s_z speed √d (nGPT's) instead of 256", ["model_kwargs.logit_scale_speed={sqrt_d}"]),
+             "no_width_rule": ("no width rule on the matrices' lr", ["lr_width_rule=none"])}
 
 
 def run_name(spec: dict) -> str:
@@ -67,7 +70,8 @@ def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
                  f"per_device_train_batch_size={cfg['batch']}", f"per_device_eval_batch_size={2 * cfg['batch']}",
                  f"eval_max_batches={cfg['eval_batches']}", f"output_dir={out}", "save_steps=0",
                  "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=10",
-                 *[f"model_kwargs.{k}={v}" for k, v in shape.items()], *ABLATIONS.get(spec.get("ablation"), ("", []))[1]]
+                 *[f"model_kwargs.{k}={v}" for k, v in shape.items()],
+                 *[o.format(sqrt_d=d ** 0.5) for o in ABLATIONS.get(spec.get("ablation"), ("", []))[1]]]
     return load_recipe(cfg["recipe"], overrides)
 
 
@@ -279,7 +283,8 @@ def section(summary: dict, cfg: dict, command: str) -> str:
                      f"{spread(finals, '.3f')} | {speed} |")
     if summary["ablations"] or cfg["ablations"]:
         base = summary["seeds"].get("angpt", {}).get(0)
-        lines += ["", "anGPT ablations at anGPT's best rate, seed 0 (baseline: α init 0.05, ν(α) on, no warm-up"
+        lines += ["", "anGPT ablations at anGPT's best rate, seed 0 (baseline: the recipe's defaults, α init 0.05, ν(α) on, no warm-up, "
+                  "s_z speed 256, width rule"
                   + (f", final loss {base['final']:.3f}" if base else "") + "):", "",
                   "| ablation | final val loss | Δ vs baseline | tokens to the baseline's final loss |", "|---|---|---|---|"]
         for key, (name, _) in ABLATIONS.items():
