@@ -23,17 +23,21 @@ def _bytes() -> torch.Tensor:
     return torch.frombuffer(bytearray(path.read_bytes()[:400_000]), dtype=torch.uint8).long()
 
 
-def _losses(hidden: int, width_rule: str | None) -> list[float]:
+def _train(width_rule: str | None = None, steps: int = STEPS, **config) -> tuple[list[float], list[float]]:
+    """The recipe's first steps on byte-level text (2 layers, d_h=64): the losses, and ‖h‖ after the last block."""
     torch.manual_seed(0)
-    config = AnGPTConfig(architecture="angpt", vocab_size=256, hidden_size=hidden, num_hidden_layers=2,
-                         num_attention_heads=hidden // 64, max_position_embeddings=SEQ, use_cache=False)
+    config = {"vocab_size": 256, "num_hidden_layers": 2, **config}
+    config = AnGPTConfig(architecture="angpt", num_attention_heads=config["hidden_size"] // 64,
+                         max_position_embeddings=SEQ, use_cache=False, **config)
     model = AnGPTForCausalLM._from_config(config, attn_implementation="sdpa").train()
     model.apply_weight_constraints()
+    norms = []
+    model.model.layers[-1].register_forward_hook(lambda m, a, out: norms.append(float(out.detach().norm(dim=-1).mean())))
     recipe = Recipe(learning_rate=LR, lr_width_rule=width_rule).with_architecture_defaults(architecture_defaults(model))
     optimizer = build_optimizer(model, recipe)
     data, g = _bytes(), torch.Generator().manual_seed(0)
     losses = []
-    for _ in range(STEPS):
+    for _ in range(steps):
         starts = torch.randint(0, data.numel() - SEQ, (BATCH,), generator=g).tolist()
         ids = torch.stack([data[s:s + SEQ] for s in starts])
         loss = model(input_ids=ids, labels=ids).loss
@@ -45,7 +49,11 @@ def _losses(hidden: int, width_rule: str | None) -> list[float]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         model.apply_weight_constraints()
-    return losses
+    return losses, norms
+
+
+def _losses(hidden: int, width_rule: str | None) -> list[float]:
+    return _train(width_rule, hidden_size=hidden)[0]
 
 
 @pytest.mark.parametrize("hidden", [128, pytest.param(256, marks=pytest.mark.slow), 512])
@@ -64,29 +72,8 @@ def test_without_the_width_rule_d512_spikes():
 def _logit_scale_run(speed: float | None, steps: int = 14) -> tuple[list[float], list[float]]:
     """angpt-10m's width and vocabulary (d=256, V=8192) at 2 layers on byte-level text: most of the vocabulary never
     occurs, so the first steps must push ~97 % of the probability mass off unused tokens, which takes logits of a
-    few nats, i.e. s_z·‖h‖ ≫ 1 (rows of W_head are ≤ 1). Returns the losses and ‖h‖ after the last block."""
-    torch.manual_seed(0)
-    config = AnGPTConfig(architecture="angpt", vocab_size=8192, hidden_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, max_position_embeddings=SEQ, use_cache=False, logit_scale_speed=speed)
-    model = AnGPTForCausalLM._from_config(config, attn_implementation="sdpa").train()
-    model.apply_weight_constraints()
-    norms = []
-    model.model.layers[-1].register_forward_hook(lambda m, a, out: norms.append(float(out.detach().norm(dim=-1).mean())))
-    recipe = Recipe(learning_rate=LR).with_architecture_defaults(architecture_defaults(model))
-    optimizer = build_optimizer(model, recipe)
-    data, g = _bytes(), torch.Generator().manual_seed(0)
-    losses = []
-    for _ in range(steps):
-        starts = torch.randint(0, data.numel() - SEQ, (BATCH,), generator=g).tolist()
-        ids = torch.stack([data[s:s + SEQ] for s in starts])
-        loss = model(input_ids=ids, labels=ids).loss
-        losses.append(float(loss.detach()))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        model.apply_weight_constraints()
-    return losses, norms
+    few nats, i.e. s_z·‖h‖ ≫ 1 (rows of W_head are ≤ 1)."""
+    return _train(steps=steps, hidden_size=256, vocab_size=8192, logit_scale_speed=speed)
 
 
 def test_fast_logit_scale_keeps_the_stream_normalised_and_the_loss_below_its_start():
