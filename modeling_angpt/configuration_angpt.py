@@ -14,7 +14,7 @@ ARCHITECTURES = ("angpt", "ngpt", "gptplus")
 ALPHA_SHAPES = ("vector", "scalar")
 GATE_SQRT_D_PLACEMENTS = ("gate", "both")
 # anGPT's s_z speed (logit_scale_speed): the logit temperature the data asks for (a few nats) does not depend on the
-# width, so neither does the speed; 256 is the value measured stable and fastest at d = 256 … 1536 (bench/RESULTS.md).
+# width, so neither does the speed; 256 was measured against √d and d at d = 256, 512 and 1024 (bench/RESULTS.md).
 ANGPT_LOGIT_SCALE_SPEED = 256.0
 # Attention axes (SPEC.md §3): the logit transforms and sparsity patterns are registries of behaviour
 # (logit_transforms_angpt.py, masks_angpt.py); users add their own with register_logit_transform/register_sparsity.
@@ -102,7 +102,7 @@ class AnGPTConfig(PreTrainedConfig):
             about lr·speed a step. `None` picks the architecture's: √d for nGPT (its paper, SPEC §1.2) and 256 for
             anGPT. Why anGPT needs a fast s_z: with no final norm its logit temperature is s_z·‖h‖, and when s_z
             cannot grow fast enough the last block lengthens h instead, so the stream stops being normalised and
-            the loss spikes (docs/architectures.md, "The logit scale"; bench/RESULTS.md, width stability) [flag].
+            the loss spikes (docs/architectures.md, "Two departures"; bench/RESULTS.md, width stability) [flag].
         rope_parameters: transformers 5 RoPE dict: `rope_type`, `rope_theta`, `partial_rotary_factor` (default 0.5).
             rope_type `none` is NoPE; `proportional` is Barbero et al.'s p-RoPE (keep the highest-frequency
             fraction p of the pairs); `scale_invariant_p` is the scale-invariant paper's p-RoPE (p·d_h/2 rotating

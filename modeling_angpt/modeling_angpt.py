@@ -34,7 +34,8 @@ from .rotary_angpt import AnGPTRotaryEmbedding
 # `cache=`; 5.23 passes `past_key_values=`). Both names are accepted in, and outputs carry whichever field this
 # transformers has, so one checkpoint's code runs under either.
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-_MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_masks_for_generate).parameters else "past_key_values"
+_MASK_CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(create_masks_for_generate).parameters
+                        else "past_key_values")
 
 
 def cache_argument(past_key_values, kwargs: dict):
@@ -292,7 +293,8 @@ class AnGPTModel(AnGPTPreTrainedModel):
             hidden_states = layer(hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
                                   past_key_values=past_key_values, position_ids=position_ids,
                                   attention_layout=layout, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values})
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states),
+                                       **{OUTPUT_CACHE_FIELD: past_key_values})
 
 
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
