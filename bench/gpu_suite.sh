@@ -21,7 +21,11 @@ timeout 330 $PY bench/train_step_time.py --device cuda --bf16 --compile --ablati
     --vocab 50304 --batch 8 --seq 2048 --rounds 10 --warmup 3 || status=1
 # 3. Width stability: 40 steps at d = 128 … 1024, 4 layers, float32 and bf16 (~1 min)
 timeout 120 $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
-    --variants baseline width_rule --precisions fp32 bf16 --section width_stability_gpu || status=1
+    --variants baseline width_rule width_rule+s_z_speed_256 --precisions fp32 bf16 --section width_stability_gpu \
+    || status=1
+# 3b. The larger presets at full depth, 200 steps each at the recipe defaults (~2 min; a 0.5b step takes ~30 s on CPU)
+timeout 240 $PY bench/width_stability.py --device cuda --presets angpt-190m angpt-0.5b angpt-1b --preset-steps 200 \
+    --batch 4 --seq 64 --section preset_stability_gpu || status=1
 # 4. Compiled decoding (owned by bench/inference_speed.py; run when it supports --compile and --device)
 if $PY bench/inference_speed.py --help 2>/dev/null | grep -q -- "--compile"; then
     timeout 120 $PY bench/inference_speed.py --device cuda --compile --dtype bfloat16 || status=1

@@ -160,7 +160,7 @@ def main_presets(args) -> None:
     print(section)
     if not args.no_write:
         from results_file import update_section
-        update_section("preset_stability", section)
+        update_section(args.section or "preset_stability", section)
 
 
 def main(argv=None):
@@ -174,7 +174,8 @@ def main(argv=None):
     parser.add_argument("--precisions", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--section", default="width_stability", help="RESULTS.md section to write")
+    parser.add_argument("--section", default=None,
+                        help="RESULTS.md section to write (default: width_stability, or preset_stability with --presets)")
     parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
     parser.add_argument("--presets", nargs="+", help="anGPT preset names (configuration/presets) instead of widths")
     parser.add_argument("--preset-steps", type=int, nargs="+", help="steps per preset (default --steps)")
@@ -217,7 +218,7 @@ def main(argv=None):
     print(section)
     if not args.no_write:
         from results_file import update_section
-        update_section(args.section, section)
+        update_section(args.section or "width_stability", section)
 
 
 if __name__ == "__main__":
