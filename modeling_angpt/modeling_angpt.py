@@ -6,6 +6,8 @@ dicts convert key for key. This file and the files it imports with `from .x impo
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -26,6 +28,25 @@ from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
 from .layers_angpt import RMSNorm, RowScaledLinear, Scale
 from .masks_angpt import AttentionLayout, positions_from_padding
 from .rotary_angpt import AnGPTRotaryEmbedding
+
+
+# transformers 5.24 renamed the KV cache argument and output field `past_key_values` to `cache` (generate passes
+# `cache=`; 5.23 passes `past_key_values=`). Both names are accepted in, and outputs carry whichever field this
+# transformers has, so one checkpoint's code runs under either.
+OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+_MASK_CACHE_ARGUMENT = "cache" if "cache" in inspect.signature(create_masks_for_generate).parameters else "past_key_values"
+
+
+def cache_argument(past_key_values, kwargs: dict):
+    """The KV cache under either name (`cache` is popped from kwargs); both at once is a caller's error."""
+    cache = kwargs.pop("cache", None)
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
+    return past_key_values if cache is None else cache
+
+
+def output_cache(outputs):
+    return getattr(outputs, OUTPUT_CACHE_FIELD)
 
 
 class CheckpointMismatchError(RuntimeError, ValueError):
@@ -231,6 +252,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
     @capture_outputs
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values: Cache | None = None,
                 inputs_embeds=None, use_cache: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
+        past_key_values = cache_argument(past_key_values, kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -270,21 +292,23 @@ class AnGPTModel(AnGPTPreTrainedModel):
             hidden_states = layer(hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
                                   past_key_values=past_key_values, position_ids=position_ids,
                                   attention_layout=layout, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=past_key_values)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: past_key_values})
 
 
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _can_compile_fullgraph = True  # no data-dependent branch in the forward; the static cache carries positions
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values, position_ids=None,
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values=None, position_ids=None,
                                   **kwargs):
         """generate's hook for compileable (static) caches. Our backends read a 2-D padding mask (positions, not a
         T×T mask): hand it over padded to the cache length, so every decoding step has the same shapes (one compiled
         graph). transformers' own backends get transformers' masks."""
+        past_key_values = cache_argument(past_key_values, kwargs)
         if not uses_layout(config):
             return create_masks_for_generate(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                             past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+                                             position_ids=position_ids, **{_MASK_CACHE_ARGUMENT: past_key_values},
+                                             **kwargs)
         if attention_mask is None or attention_mask.dim() != 2:
             return attention_mask
         key_length = past_key_values.get_mask_sizes(inputs_embeds.shape[1], 0)[0]
@@ -316,6 +340,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
                 **kwargs) -> CausalLMOutputWithPast:
+        past_key_values = cache_argument(past_key_values, kwargs)
         # return_dict=True: the head reads fields; @can_return_tuple makes the tuple (also for config.return_dict=False)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
@@ -326,7 +351,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: output_cache(outputs)},
                                       hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
@@ -358,6 +383,7 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, **kwargs) -> SequenceClassifierOutputWithPast:
+        past_key_values = cache_argument(past_key_values, kwargs)
         # return_dict=True: the head reads fields; @can_return_tuple makes the tuple (also for config.return_dict=False)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
@@ -367,7 +393,7 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
-        return SequenceClassifierOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+        return SequenceClassifierOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: output_cache(outputs)},
                                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 

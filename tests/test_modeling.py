@@ -80,6 +80,9 @@ def test_cached_decoding_equals_full_forward(tiny_config, architecture, implemen
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_generate_with_and_without_cache(tiny_config, architecture):
+    # Seeded: a random tiny model has near-ties among its logits, and a prompt drawn from whatever RNG state the
+    # previous tests left can land on one where cached and uncached float sums round the other way.
+    torch.manual_seed(0)
     model = build(tiny_config(architecture), "sdpa")
     prompt = torch.randint(0, 101, (1, 6))
     cached = model.generate(prompt, max_new_tokens=10, do_sample=False, use_cache=True)
