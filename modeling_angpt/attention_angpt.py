@@ -19,9 +19,10 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
+from . import flex_angpt
 from .configuration_angpt import check_attention_backend
 from .logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register as _transform_hooks, head_tensor
-from .masks_angpt import SPARSITIES, AttentionLayout, _on_register as _sparsity_hooks, support
+from .masks_angpt import SPARSITIES, AttentionLayout, _on_register as _sparsity_hooks
 
 try:  # optional: only the [flash] extra installs it, and only on CUDA machines
     from flash_attn import flash_attn_func
@@ -119,26 +120,12 @@ def sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     return output.transpose(1, 2).contiguous(), None
 
 
-_compiled_flex = None
-
-
-def _flex():
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-    if not FLEX_COMPILE:
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex
-
-
 def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
     """FlexAttention: the logit transform as `score_mod`, causal/padding/window/block/global as a BlockMask from
-    `mask_mod` (the same elementwise functions as the eager path). Compiled it never materialises scores; on CPU
-    it has no backward (train there with angpt_chunked)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
+    `mask_mod` (the same elementwise functions as the eager path; flex_angpt.py). Compiled (FLEX_COMPILE) it never
+    materialises scores and compiles once for every length, batch size and layer; on CPU it has no backward
+    (train there with angpt_chunked)."""
     config = module.config
     if dropout:
         raise ValueError("flex_attention has no attention dropout; set attention_dropout=0 or use eager/angpt_chunked")
@@ -147,45 +134,15 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     kv_len = key.shape[-2]
     # One BlockMask and one score_mod per forward, shared by every layer (the BlockMask costs O(T²) mask_mod
     # evaluations outside the kernel).
-    block_mask = layout.remember("flex_block_mask", slice(None), lambda: create_block_mask(
-        _flex_mask_mod(config, layout), batch, None, q_len, kv_len, device=query.device, _compile=FLEX_COMPILE))
-    score_mod = layout.remember("flex_score_mod", slice(None), lambda: _flex_score_mod(config, layout, query.device))
-    output = _flex()(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
-                     enable_gqa=getattr(module, "num_key_value_groups", 1) > 1)
+    mask_mod, score_mod = layout.remember("flex_mods", slice(None), lambda: flex_angpt.mods(
+        config, layout, query.device, batch, q_len, kv_len))
+    block_mask = layout.remember("flex_block_mask", slice(None), lambda: flex_angpt.block_mask(
+        mask_mod, batch, q_len, kv_len, query.device))
+    output = flex_angpt.attend(query, key, value, score_mod, block_mask, scaling,
+                               getattr(module, "num_key_value_groups", 1) > 1, FLEX_COMPILE)
+    if output is None:  # the compiler failed (warned once): the same math, chunk by chunk
+        return chunked_attention_forward(module, query, key, value, attention_mask, scaling, **kwargs)
     return output.transpose(1, 2).contiguous(), None
-
-
-def _flex_mask_mod(config, layout: AttentionLayout):
-    """`support` on FlexAttention's scalars; every per-forward value is a captured tensor (no recompilation)."""
-    query_pos, key_pos, valid, key_seq = layout.query_positions, layout.key_positions, layout.key_valid, layout.key_sequence
-    offset = torch.as_tensor(layout.query_offset, device=key_pos.device)
-    lengths = None if layout.causal else layout.lengths()
-    dense, causal = layout.dense_mask, layout.causal
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        allowed = support(q_idx + offset, kv_idx, query_pos[b, q_idx], key_pos[b, kv_idx],
-                          None if valid is None else valid[b, kv_idx],
-                          None if key_seq is None else key_seq[b, q_idx + offset],
-                          None if key_seq is None else key_seq[b, kv_idx],
-                          None if lengths is None else lengths[b, q_idx], config, causal)
-        return allowed if dense is None else allowed & dense[b, 0, q_idx, kv_idx]
-
-    return mask_mod
-
-
-def _flex_score_mod(config, layout: AttentionLayout, device):
-    """The registered transform's `score` on FlexAttention's scalars (None when it has none)."""
-    transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
-    if transform.score is None:
-        return None
-    query_pos, key_pos, head = layout.query_positions, layout.key_positions, head_tensor(transform, config, device)
-    function = transform.score
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        return function(score.float(), query_pos[b, q_idx], key_pos[b, kv_idx], None if head is None else head[h],
-                        config).to(score.dtype)
-
-    return score_mod
 
 
 def flash_alibi_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
