@@ -2,6 +2,7 @@
 section into a RESULTS.md and its PNG into a plots directory under tmp_path, never into bench/."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -78,3 +79,34 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
     assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
+    # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
+    split = tmp_path / ".length_split" / "corpus"
+    head, tail = (split / "train" / "corpus_head.txt").read_text(), (split / "corpus_heldout.txt").read_text()
+    assert head + tail == corpus.read_text()
+    assert len(tail) > 1000 and head.endswith("\n\n") and tail not in head
+    trained = json.loads((tmp_path / "runs" / "rope-s0" / "final" / "training_metadata.json").read_text())
+    assert trained["recipe"]["dataset"] == str(split / "train")
+    evaluated = json.loads((tmp_path / "runs" / "rope-s0" / "length_eval" / "length.json").read_text())
+    assert evaluated["source"].startswith(str(split / "corpus_heldout.txt"))
+    assert "contiguous held-out text" in text.split("<!-- length_generalisation:start -->")[1]
+
+
+def test_length_generalisation_eval_corpus_options(bench, tmp_path):
+    """--eval-corpus blocks keeps the earlier evaluation (validation blocks, training on --dataset itself);
+    --eval-corpus FILE evaluates on FILE; a checkpoint trained on other data is not silently reused."""
+    out, results, corpus, recipe = bench
+    import length_generalisation
+
+    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "1", "--variants", "NoPE", "--windows", "1",
+              "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs")]
+    length_generalisation.main([*models, "--eval-corpus", "blocks", *out])
+    trained = json.loads((tmp_path / "runs" / "nope-s0" / "final" / "training_metadata.json").read_text())
+    assert trained["recipe"]["dataset"] == str(corpus)
+    evaluated = json.loads((tmp_path / "runs" / "nope-s0" / "length_eval" / "length.json").read_text())
+    assert evaluated["source"].startswith("validation split of")
+    assert "`--eval-corpus blocks`" in results.read_text()
+    length_generalisation.main([*models, "--eval-corpus", str(corpus), *out])
+    evaluated = json.loads((tmp_path / "runs" / "nope-s0" / "length_eval" / "length.json").read_text())
+    assert evaluated["source"].startswith(str(corpus))
+    with pytest.raises(SystemExit, match="was trained on"):
+        length_generalisation.main([*models, *out])  # heldout trains on the split, not on corpus itself
