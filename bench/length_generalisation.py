@@ -173,7 +173,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
              f"(d_h={cfg['hidden'] // cfg['heads']}), vocab {cfg['vocab']}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
-             f"recipe) on `{os.path.relpath(cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
+             f"recipe) on `{shown(cfg, cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
              "config. Evaluated by `modeling_angpt.evaluation.length.run_suite` (= `angpt eval --suite length`) on "
              + eval_description(cfg) + f", {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each "
              "length (the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
@@ -198,15 +198,24 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
     return "\n".join(lines)
 
 
+def shown(cfg: dict, path: str) -> str:
+    """`path` as the command named it: under --dataset as given (the split resolves links), else relative."""
+    given = cfg.get("dataset_given")
+    root = pathlib.Path(given).resolve() if given else None
+    if root is not None and root.is_dir() and pathlib.Path(path).is_relative_to(root):
+        return os.path.join(os.path.relpath(given), os.path.relpath(path, root))
+    return os.path.relpath(path)
+
+
 def eval_description(cfg: dict) -> str:
     if not cfg["eval_file"]:
         return ("the validation blocks in random order (a window of mL tokens is m unrelated blocks: "
                 "`--eval-corpus blocks`)")
-    where = os.path.relpath(cfg["eval_file"])
+    where = shown(cfg, cfg["eval_file"])
     if cfg["eval_corpus"] == "heldout":
         return (f"contiguous held-out text, `{where}` (the last {HELDOUT_CHARS // 1000}k characters of "
                 f"{HELDOUT_SOURCE}, cut at a blank line; the models trained on the rest of the corpus, "
-                f"`{os.path.relpath(cfg['dataset'])}`)")
+                f"`{shown(cfg, cfg['dataset'])}`)")
     return f"contiguous text from `{where}` (`--eval-corpus`)"
 
 
@@ -260,6 +269,7 @@ def resolve(args) -> dict:
     cfg["torch_device"] = "cuda" if args.device else "cpu"
     cfg["eval_file"] = None
     if cfg["eval_corpus"] == "heldout":
+        cfg["dataset_given"] = cfg["dataset"]
         train_dir, held_out = held_out_split(cfg["dataset"])
         cfg["dataset"], cfg["eval_file"] = str(train_dir), str(held_out)
     elif cfg["eval_corpus"] != "blocks":
