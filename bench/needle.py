@@ -42,7 +42,8 @@ def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.
                  f"tokenizer_vocab_size={cfg['vocab']}", f"max_steps={cfg['ft_steps']}",
                  f"per_device_train_batch_size={cfg['ft_batch']}", f"learning_rate={cfg['ft_lr']}", f"seed={seed}",
                  f"output_dir={out}", f"eval_steps={max(1, cfg['ft_steps'] // 3)}", "eval_max_batches=2",
-                 "save_steps=0", "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=20"]
+                 f"save_steps={cfg['ft_save_steps']}", f"save_total_limit={0 if cfg['ft_save_steps'] else 1}",
+                 "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=20"]
     return train(load_recipe(cfg["needle_recipe"], overrides), overwrite=True).final_dir  # unfinished: redone
 
 
@@ -110,6 +111,8 @@ def main(argv=None):
     lg.common_arguments(parser)
     for name in ("ft_steps", "ft_batch", "examples"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
+    parser.add_argument("--ft-save-steps", type=int, default=0,
+                        help="keep a fine-tuning checkpoint every N steps (all kept; default 0: only the final model)")
     parser.add_argument("--ft-lr", type=float, help="fine-tuning learning rate (default: the pretraining one)")
     parser.add_argument("--needle-recipe", default=str(rf.HERE.parent / "configuration/recipes/needle_finetune.yaml"))
     args = parser.parse_args(argv)
