@@ -77,6 +77,7 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
                  *out])
     text = results.read_text()
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
+    assert "numbers recalled at 4L" in text.split("<!-- needle:start -->")[1]
     assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
     # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
@@ -110,3 +111,19 @@ def test_length_generalisation_eval_corpus_options(bench, tmp_path):
     assert evaluated["source"].startswith(str(corpus))
     with pytest.raises(SystemExit, match="was trained on"):
         length_generalisation.main([*models, *out])  # heldout trains on the split, not on corpus itself
+
+
+def test_needle_number_recall(bench, tmp_path):
+    """The diagnostic counts a needle when its number is a whole digit run of the answer's first line, with any
+    city; a number only inside a longer run, or after the newline, does not count."""
+    import needle
+
+    cfg = {"output_dir": str(tmp_path), "multiples": [1, 4]}
+    report = tmp_path / "rope-s0" / "needle_finetune" / "needle_eval" / "needle.json"
+    report.parent.mkdir(parents=True)
+    target = "Oslo=1234567;Rome=7654321;Lima=5555555"
+    report.write_text(json.dumps({"samples": {
+        "needle_x1": [{"target": target, "answer": " Paris=1234567;Oslo=7654321;Rome=1111111"},
+                      {"target": target, "answer": " Lima=5555555\nRome=7654321"}],
+        "needle_x4": [{"target": target, "answer": " Oslo=12345678;Rome=76543210"}]}}))
+    assert needle.number_recall(cfg, "RoPE", 0) == {1: 3 / 6, 4: 0.0}
