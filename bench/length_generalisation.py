@@ -14,6 +14,13 @@ finished training or evaluation is reused when the script runs again.
     python bench/length_generalisation.py                 # d=128, 4 layers, L=256, 1500 steps (~1 h on 2 cores)
     python bench/length_generalisation.py --size quick    # minutes
     python bench/length_generalisation.py --device        # d=768, 12 layers, L=1024 on a GPU
+
+Held-out text (--eval-corpus): by default the last HELDOUT_CHARS characters of one corpus file (linux_docs.txt
+of bench/corpus: the kernel's KVM API document) are split off, cut at a paragraph break, and the models train
+on the rest (DATASET/.length_split/: the other files linked, that file's head copied), so every window
+of the length evaluation is mL tokens of one running text none of the models trained on. `--eval-corpus FILE`
+evaluates on FILE and trains on --dataset unchanged; `--eval-corpus blocks` is the earlier behaviour (training
+on --dataset, windows made of m validation blocks in random order, so context past L is unrelated text).
 """
 from __future__ import annotations
 
@@ -26,6 +33,10 @@ import statistics
 import types
 
 import results_file as rf
+
+HELDOUT_CHARS = 1_000_000  # ~280k tokens of the 8k BPE: 68 windows of 16 × 256, 4 × the default 16
+HELDOUT_SOURCE = "linux_docs.txt"  # long running prose (one document spans many windows), unlike gcide's entries
+SPLIT_DIR = ".length_split"  # hidden: `dataset: bench/corpus` skips it, so the full corpus stays what it was
 
 P_ROPE = {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5, "effective_base": 1024.0}
 VARIANTS = {
@@ -55,12 +66,53 @@ def checkpoint_dir(cfg: dict, variant: str, seed: int) -> pathlib.Path:
     return pathlib.Path(cfg["output_dir"]) / f"{slug(variant)}-s{seed}"
 
 
+def held_out_split(dataset: str, source_name: str = HELDOUT_SOURCE,
+                   chars: int = HELDOUT_CHARS) -> tuple[pathlib.Path, pathlib.Path]:
+    """(training directory, held-out file) made from `dataset` (a directory of .txt files or one file): the
+    tail of `source_name` (or of the largest file when the corpus has none of that name), at most `chars`
+    characters and at most a tenth of that file, starting at a blank line, goes to the held-out file; the
+    training directory has that file's head and links to the other files. Built once, beside the data."""
+    root = pathlib.Path(dataset).resolve()
+    files = sorted(root.glob("*.txt")) if root.is_dir() else [root]
+    if not files:
+        raise FileNotFoundError(f"--dataset {dataset}: no .txt files to split a held-out part from")
+    named = [f for f in files if f.name == source_name]
+    source = named[0] if named else max(files, key=lambda f: f.stat().st_size)
+    split = (root if root.is_dir() else root.parent) / SPLIT_DIR / (source.stem if root.is_dir() else root.stem)
+    train_dir, held_out = split / "train", split / f"{source.stem}_heldout.txt"
+    if held_out.is_file():
+        return train_dir, held_out
+    text = source.read_text(encoding="utf-8", errors="replace")
+    cut = text.find("\n\n", len(text) - min(chars, len(text) // 10))
+    if cut < 0:
+        raise ValueError(f"{source}: no blank line in its last {min(chars, len(text) // 10)} characters to cut at")
+    staging = split.with_name(split.name + f".tmp{os.getpid()}")  # the rename makes it appear whole
+    (staging / "train").mkdir(parents=True, exist_ok=True)
+    (staging / "train" / f"{source.stem}_head.txt").write_text(text[:cut + 2], encoding="utf-8")
+    (staging / held_out.name).write_text(text[cut + 2:], encoding="utf-8")
+    for other in files:
+        if other != source:
+            (staging / "train" / other.name).symlink_to(other)
+    try:
+        staging.rename(split)
+    except OSError:  # another process made it first
+        import shutil
+
+        shutil.rmtree(staging)
+    return train_dir, held_out
+
+
 def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
     """Train (or reuse) one variant; returns its final checkpoint directory."""
     from modeling_angpt.training import load_recipe, train
 
     out = checkpoint_dir(cfg, variant, seed)
-    if (out / "final" / "training_metadata.json").is_file():
+    metadata = out / "final" / "training_metadata.json"
+    if metadata.is_file():
+        trained_on = json.loads(metadata.read_text())["recipe"]["dataset"]
+        if trained_on != cfg["dataset"]:  # e.g. a run of --eval-corpus blocks beside one of heldout
+            raise SystemExit(f"--output-dir: {out} was trained on {trained_on}, not {cfg['dataset']} (use another "
+                             "--output-dir)")
         return out / "final"
     d = cfg["hidden"]
     model_kwargs = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
@@ -90,14 +142,17 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
 
     out = checkpoint_dir(cfg, variant, seed) / "length_eval"
     cached = out / "summary.json"
-    if cached.is_file() and json.loads(cached.read_text()).get("windows") == cfg["windows"]:
-        return {int(k): v for k, v in json.loads(cached.read_text())["loss"].items()}
+    source = cfg["eval_file"] or "validation blocks"
+    if cached.is_file():
+        summary = json.loads(cached.read_text())
+        if summary.get("windows") == cfg["windows"] and summary.get("eval", "validation blocks") == source:
+            return {int(k): v for k, v in summary["loss"].items()}
     model, tokenizer = load(checkpoint, cfg["torch_device"])
     options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"],
-                                    batch_size=1, train_length=cfg["length"])
+                                    batch_size=1, train_length=cfg["length"], corpus=cfg["eval_file"])
     metrics = run_suite(model, tokenizer, checkpoint, options, out)
     losses = {m: metrics[f"length_x{m}"]["loss"] for m in cfg["multiples"]}
-    cached.write_text(json.dumps({"windows": cfg["windows"], "loss": losses}))
+    cached.write_text(json.dumps({"windows": cfg["windows"], "eval": source, "loss": losses}))
     return losses
 
 
@@ -118,10 +173,10 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
              f"(d_h={cfg['hidden'] // cfg['heads']}), vocab {cfg['vocab']}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
-             f"recipe) on `{os.path.relpath(cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
+             f"recipe) on `{shown(cfg, cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
              "config. Evaluated by `modeling_angpt.evaluation.length.run_suite` (= `angpt eval --suite length`) on "
-             f"the held-out blocks, {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each length "
-             "(the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
+             + eval_description(cfg) + f", {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each "
+             "length (the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
              "LogN+p-RoPE 3.256/3.262/3.317, scale-invariant p-RoPE 3.244/3.235/3.247.", "",
              rf.changed_settings(cfg, {**SIZES[cfg["size"]], "arch": "gptplus", "seeds": 1}, cfg["size"]), "",
              "| variant | " + " | ".join(f"loss at {m}L ({m * cfg['length']})" for m in ms)
@@ -141,6 +196,27 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
                   + (f" and RoPE {'worst' if order[-1] == 'RoPE' else 'not worst'}" if "RoPE" in done else "") + "."]
     lines += ["", f"![validation loss against evaluation length]({png_link})"]
     return "\n".join(lines)
+
+
+def shown(cfg: dict, path: str) -> str:
+    """`path` as the command named it: under --dataset as given (the split resolves links), else relative."""
+    given = cfg.get("dataset_given")
+    root = pathlib.Path(given).resolve() if given else None
+    if root is not None and root.is_dir() and pathlib.Path(path).is_relative_to(root):
+        return os.path.join(os.path.relpath(given), os.path.relpath(path, root))
+    return os.path.relpath(path)
+
+
+def eval_description(cfg: dict) -> str:
+    if not cfg["eval_file"]:
+        return ("the validation blocks in random order (a window of mL tokens is m unrelated blocks: "
+                "`--eval-corpus blocks`)")
+    where = shown(cfg, cfg["eval_file"])
+    if cfg["eval_corpus"] == "heldout":
+        return (f"contiguous held-out text, `{where}` (the last {HELDOUT_CHARS // 1000}k characters of "
+                f"{HELDOUT_SOURCE}, cut at a blank line; the models trained on the rest of the corpus, "
+                f"`{shown(cfg, cfg['dataset'])}`)")
+    return f"contiguous text from `{where}` (`--eval-corpus`)"
 
 
 def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
@@ -177,6 +253,10 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, help="torch threads on the CPU")
     parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
     parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--eval-corpus", default="heldout",
+                        help="text of the length evaluation: 'heldout' (default: a held-out tail of --dataset, the "
+                             "models train on the rest), a text FILE, or 'blocks' (the validation blocks, "
+                             "unrelated text after each L tokens)")
     parser.add_argument("--output-dir", default="runs/length_generalisation")
     rf.add_output_arguments(parser)
 
@@ -187,6 +267,15 @@ def resolve(args) -> dict:
     cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
     cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
     cfg["torch_device"] = "cuda" if args.device else "cpu"
+    cfg["eval_file"] = None
+    if cfg["eval_corpus"] == "heldout":
+        cfg["dataset_given"] = cfg["dataset"]
+        train_dir, held_out = held_out_split(cfg["dataset"])
+        cfg["dataset"], cfg["eval_file"] = str(train_dir), str(held_out)
+    elif cfg["eval_corpus"] != "blocks":
+        if not pathlib.Path(cfg["eval_corpus"]).is_file():
+            raise SystemExit(f"--eval-corpus {cfg['eval_corpus']}: expected 'heldout', 'blocks' or a text file")
+        cfg["eval_file"] = cfg["eval_corpus"]
     if args.threads:
         torch.set_num_threads(args.threads)
     return cfg

@@ -2,6 +2,7 @@
 section into a RESULTS.md and its PNG into a plots directory under tmp_path, never into bench/."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -76,5 +77,53 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
                  *out])
     text = results.read_text()
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
+    assert "numbers recalled at 4L" in text.split("<!-- needle:start -->")[1]
     assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
+    # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
+    split = tmp_path / ".length_split" / "corpus"
+    head, tail = (split / "train" / "corpus_head.txt").read_text(), (split / "corpus_heldout.txt").read_text()
+    assert head + tail == corpus.read_text()
+    assert len(tail) > 1000 and head.endswith("\n\n") and tail not in head
+    trained = json.loads((tmp_path / "runs" / "rope-s0" / "final" / "training_metadata.json").read_text())
+    assert trained["recipe"]["dataset"] == str(split / "train")
+    evaluated = json.loads((tmp_path / "runs" / "rope-s0" / "length_eval" / "length.json").read_text())
+    assert evaluated["source"].startswith(str(split / "corpus_heldout.txt"))
+    assert "contiguous held-out text" in text.split("<!-- length_generalisation:start -->")[1]
+
+
+def test_length_generalisation_eval_corpus_options(bench, tmp_path):
+    """--eval-corpus blocks keeps the earlier evaluation (validation blocks, training on --dataset itself);
+    --eval-corpus FILE evaluates on FILE; a checkpoint trained on other data is not silently reused."""
+    out, results, corpus, recipe = bench
+    import length_generalisation
+
+    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "1", "--variants", "NoPE", "--windows", "1",
+              "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs")]
+    length_generalisation.main([*models, "--eval-corpus", "blocks", *out])
+    trained = json.loads((tmp_path / "runs" / "nope-s0" / "final" / "training_metadata.json").read_text())
+    assert trained["recipe"]["dataset"] == str(corpus)
+    evaluated = json.loads((tmp_path / "runs" / "nope-s0" / "length_eval" / "length.json").read_text())
+    assert evaluated["source"].startswith("validation split of")
+    assert "`--eval-corpus blocks`" in results.read_text()
+    length_generalisation.main([*models, "--eval-corpus", str(corpus), *out])
+    evaluated = json.loads((tmp_path / "runs" / "nope-s0" / "length_eval" / "length.json").read_text())
+    assert evaluated["source"].startswith(str(corpus))
+    with pytest.raises(SystemExit, match="was trained on"):
+        length_generalisation.main([*models, *out])  # heldout trains on the split, not on corpus itself
+
+
+def test_needle_number_recall(bench, tmp_path):
+    """The diagnostic counts a needle when its number is a whole digit run of the answer's first line, with any
+    city; a number only inside a longer run, or after the newline, does not count."""
+    import needle
+
+    cfg = {"output_dir": str(tmp_path), "multiples": [1, 4]}
+    report = tmp_path / "rope-s0" / "needle_finetune" / "needle_eval" / "needle.json"
+    report.parent.mkdir(parents=True)
+    target = "Oslo=1234567;Rome=7654321;Lima=5555555"
+    report.write_text(json.dumps({"samples": {
+        "needle_x1": [{"target": target, "answer": " Paris=1234567;Oslo=7654321;Rome=1111111"},
+                      {"target": target, "answer": " Lima=5555555\nRome=7654321"}],
+        "needle_x4": [{"target": target, "answer": " Oslo=12345678;Rome=76543210"}]}}))
+    assert needle.number_recall(cfg, "RoPE", 0) == {1: 3 / 6, 4: 0.0}
