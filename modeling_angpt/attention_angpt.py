@@ -19,8 +19,8 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-from . import flex_angpt
 from .configuration_angpt import check_attention_backend
+from .flex_angpt import attend as flex_attend, block_mask as flex_block_mask, mods as flex_mods
 from .logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register as _transform_hooks, head_tensor
 from .masks_angpt import SPARSITIES, AttentionLayout, _on_register as _sparsity_hooks
 
@@ -134,12 +134,12 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     kv_len = key.shape[-2]
     # One BlockMask and one score_mod per forward, shared by every layer (the BlockMask costs O(T²) mask_mod
     # evaluations outside the kernel).
-    mask_mod, score_mod = layout.remember("flex_mods", slice(None), lambda: flex_angpt.mods(
+    mask_mod, score_mod = layout.remember("flex_mods", slice(None), lambda: flex_mods(
         config, layout, query.device, batch, q_len, kv_len))
-    block_mask = layout.remember("flex_block_mask", slice(None), lambda: flex_angpt.block_mask(
+    block_mask = layout.remember("flex_block_mask", slice(None), lambda: flex_block_mask(
         mask_mod, batch, q_len, kv_len, query.device))
-    output = flex_angpt.attend(query, key, value, score_mod, block_mask, scaling,
-                               getattr(module, "num_key_value_groups", 1) > 1, FLEX_COMPILE)
+    output = flex_attend(query, key, value, score_mod, block_mask, scaling,
+                         getattr(module, "num_key_value_groups", 1) > 1, FLEX_COMPILE)
     if output is None:  # the compiler failed (warned once): the same math, chunk by chunk
         return chunked_attention_forward(module, query, key, value, attention_mask, scaling, **kwargs)
     return output.transpose(1, 2).contiguous(), None
