@@ -113,9 +113,13 @@ def run_preset(name: str, layers: int | None, steps: int, batch: int, seq: int, 
     values = json.loads(preset_path(name).read_text())
     assert values.get("architecture", "angpt") == "angpt", name
     config = AnGPTConfig(**{k: v for k, v in values.items() if k not in ("model_type", "architecture")})
+    # every other field of the preset (α init, s_z speed, ...) reaches the model unchanged
+    set_by_probe = {"model_type", "architecture", "vocab_size", "hidden_size", "num_hidden_layers",
+                    "num_attention_heads", "max_position_embeddings", "use_cache"}
     return run_probe(config.hidden_size, layers or config.num_hidden_layers, lr, steps, batch, seq, bf16=bf16,
-                     width_rule="inverse_width",
-                     corpus=corpus, heads=config.num_attention_heads, vocab=config.vocab_size, device=device)
+                     width_rule="inverse_width", corpus=corpus, heads=config.num_attention_heads,
+                     vocab=config.vocab_size, device=device,
+                     model_kwargs={k: v for k, v in values.items() if k not in set_by_probe})
 
 
 
