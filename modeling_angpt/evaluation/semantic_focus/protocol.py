@@ -17,6 +17,11 @@ absolute positions, dropout 0.01 on embeddings, attention probabilities, MLP and
 - dropout: the model has dropout on the attention probabilities only (`attention_dropout`, 0.01 here), none on
   embeddings, MLP or residual branches.
 - padding (ListOps): padded keys are masked and padding is not pooled (the paper attends to and pools PAD).
+
+`backbone="paper"` trains the paper's own encoder instead (paper_encoder.py: sinusoidal positions, non-affine
+LayerNorm, ReLU MLP with biases, PyTorch default init, dropout 0.01 everywhere, PAD attended and pooled) with the
+library's sparse attention; every batch is padded to one width, the longest sequence rounded up to a multiple of
+the mask size for sparse variants, as the paper pads (research note §1.2, §1.4, §2).
 """
 from __future__ import annotations
 
@@ -70,33 +75,59 @@ def model_config(task: str, *, architecture: str = "gptplus", qk_norm: bool = Fa
     return config
 
 
-def as_tensors(split, pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(input_ids [n, longest] right-padded, lengths [n], labels [n]) of a split, built once per run."""
+BACKBONES = ("library", "paper")
+LIBRARY_ONLY = ("architecture", "qk_norm", "rope_type", "partial_rotary_factor", "attn_implementation")
+
+
+def paper_config(task: str, *, max_position_embeddings: int | None = None, num_layers: int | None = None,
+                 **fields):
+    """The paper's encoder (paper_encoder.py) for `task`'s vocabulary and classes; `fields` as PaperEncoderConfig."""
+    from .paper_encoder import PaperEncoderConfig
+
+    spec = get_task(task)
+    return PaperEncoderConfig(vocab_size=len(build_tokenizer(task)), num_labels=spec.num_classes,
+                              max_position_embeddings=max_position_embeddings or spec.length,
+                              num_layers=num_layers or spec.num_layers, **fields)
+
+
+def paper_width(longest: int, model_kwargs: dict) -> int:
+    """The paper pads every sequence to the longest one, rounded up to a multiple of the mask size for sparse
+    variants (research note §1.2, §1.4; full attention: no rounding)."""
+    sparsity = model_kwargs.get("attention_sparsity", "none")
+    size = {"topk": model_kwargs.get("attention_topk", 5), "window": model_kwargs.get("attention_window", 5),
+            "block": model_kwargs.get("attention_block_size", 5)}.get(sparsity, 1)
+    return -(-longest // size) * size
+
+
+def as_tensors(split, pad_id: int, width: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input_ids [n, width or longest] right-padded, lengths [n], labels [n]) of a split, built once per run."""
     rows = list(split["input_ids"])
     lengths = torch.tensor([len(row) for row in rows], dtype=torch.long)
-    ids = torch.full((len(rows), int(lengths.max()) if rows else 0), pad_id, dtype=torch.long)
+    width = width if width is not None else int(lengths.max()) if rows else 0
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for index, row in enumerate(rows):
         ids[index, :len(row)] = torch.tensor(row, dtype=torch.long)
     return ids, lengths, torch.tensor(list(split["label"]), dtype=torch.long)
 
 
-def _batches(data, batch_size: int, device, order: torch.Tensor | None = None):
-    """(input_ids, attention_mask, labels) batches, cut to the longest sequence of the batch."""
+def _batches(data, batch_size: int, device, order: torch.Tensor | None = None, full_width: bool = False):
+    """(input_ids, attention_mask, labels) batches, cut to the longest sequence of the batch (`full_width`: kept
+    at the tensor's width, for the paper's encoder, which pools PAD)."""
     ids, lengths, labels = data
     order = torch.arange(len(labels)) if order is None else order
     for start in range(0, len(order), batch_size):
         index = order[start:start + batch_size]
-        width = int(lengths[index].max())
+        width = ids.shape[1] if full_width else int(lengths[index].max())
         mask = torch.arange(width)[None] < lengths[index, None]
         yield ids[index, :width].to(device), mask.to(device), labels[index].to(device)
 
 
 @torch.no_grad()
-def evaluate(model, data, batch_size: int, device) -> tuple[float, float]:
+def evaluate(model, data, batch_size: int, device, full_width: bool = False) -> tuple[float, float]:
     """(mean cross-entropy, accuracy) over a whole split (`as_tensors`), in eval mode."""
     model.eval()
     total_loss, correct = 0.0, 0
-    for ids, mask, labels in _batches(data, batch_size, device):
+    for ids, mask, labels in _batches(data, batch_size, device, full_width=full_width):
         logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float()
         total_loss += F.cross_entropy(logits, labels, reduction="sum").item()
         correct += (logits.argmax(-1) == labels).sum().item()
@@ -143,16 +174,24 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
                  gamma: float | None = None, grad_clip: float | None = 0.5, eval_batch_size: int = 250,
                  device: str = "cpu", stop_at_train_acc: float | None = None, task_kwargs: dict | None = None,
                  tensorboard: bool = True, save_model: bool = True, plot_every: int = 10, log=print,
-                 **model_kwargs) -> dict:
+                 backbone: str = "library", **model_kwargs) -> dict:
     """Train the paper's model on one task with one attention configuration; return the summary.
 
     Writes to `output_dir` (refuses one that already holds results): `run.json` (every setting, versions),
     `metrics.jsonl` (one line per epoch: lr, running training loss, train and held-out loss and accuracy,
     seconds), `tensorboard/`, `curves.png`, `summary.json`, and `model/` (weights, config and the task's
     tokenizer). `output_dir=None` keeps everything in memory. `model_kwargs` go to `model_config` (attention
-    settings, architecture, ...). `stop_at_train_acc` ends the run early once training accuracy reaches it."""
+    settings, architecture, ...). `stop_at_train_acc` ends the run early once training accuracy reaches it.
+    `backbone="paper"`: the paper's encoder (paper_encoder.py; `model_kwargs` as PaperEncoderConfig's fields),
+    saved as `model/config.json` + `model/model.pt` (not a transformers model)."""
     from ... import AnGPTForSequenceClassification
+    from .paper_encoder import PaperEncoderForSequenceClassification
 
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone={backbone!r}: one of {BACKBONES}")
+    paper = backbone == "paper"
+    if paper and (unused := sorted(set(model_kwargs) & set(LIBRARY_ONLY))):
+        raise ValueError(f"backbone='paper' has no {', '.join(unused)} (library-backbone settings)")
     spec = get_task(task)
     epochs = spec.epochs if epochs is None else epochs
     lr = spec.lr if lr is None else lr
@@ -163,17 +202,23 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
             raise OutputExistsError(f"{out} already holds results ({METRICS}); choose another output directory "
                                     "or remove it")
         out.mkdir(parents=True, exist_ok=True)
-    settings = dict(task=task, seed=seed, epochs=epochs, n_train=n_train, n_heldout=n_heldout,
+    settings = dict(task=task, backbone=backbone, seed=seed, epochs=epochs, n_train=n_train, n_heldout=n_heldout,
                     batch_size=batch_size, lr=lr, gamma=gamma, grad_clip=grad_clip, device=device,
                     stop_at_train_acc=stop_at_train_acc, task_kwargs=task_kwargs or {}, model=model_kwargs)
 
     splits = build_splits(task, seed=seed, n_train=n_train, n_heldout=n_heldout, **(task_kwargs or {}))
     tokenizer = build_tokenizer(task)
-    train_data, heldout_data = (as_tensors(splits[name], tokenizer.pad_token_id) for name in ("train", "heldout"))
+    longest = max([len(row) for name in ("train", "heldout") for row in splits[name]["input_ids"]], default=1)
+    width = paper_width(longest, model_kwargs) if paper else None
+    train_data, heldout_data = (as_tensors(splits[name], tokenizer.pad_token_id, width)
+                                for name in ("train", "heldout"))
     torch.manual_seed(seed)
-    longest = max(int(train_data[1].max()) if n_train else 0, int(heldout_data[1].max()) if n_heldout else 0)
-    config = model_config(task, **{"max_position_embeddings": max(longest, 1), **model_kwargs})
-    model = AnGPTForSequenceClassification(config).to(device).train()
+    if paper:
+        config = paper_config(task, **{"max_position_embeddings": width, **model_kwargs})
+        model = PaperEncoderForSequenceClassification(config).to(device).train()
+    else:
+        config = model_config(task, **{"max_position_embeddings": max(longest, 1), **model_kwargs})
+        model = AnGPTForSequenceClassification(config).to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=gamma)
     shuffle = torch.Generator().manual_seed(seed)
@@ -183,8 +228,9 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
 
     writer = None
     if out is not None:
-        (out / "run.json").write_text(json.dumps({**settings, "environment": _environment(),
-                                                  "model_config": config.to_diff_dict()}, indent=1, default=str))
+        (out / "run.json").write_text(json.dumps({**settings, "environment": _environment(), "model_config":
+                                                  config.to_dict() if paper else config.to_diff_dict()},
+                                                 indent=1, default=str))
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -195,7 +241,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         order = torch.randperm(n_train, generator=shuffle)
         running, steps = 0.0, 0
         current_lr = optimizer.param_groups[0]["lr"]
-        for ids, mask, labels in _batches(train_data, batch_size, device, order):
+        for ids, mask, labels in _batches(train_data, batch_size, device, order, full_width=paper):
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
             loss = F.cross_entropy(logits.float(), labels)
             optimizer.zero_grad(set_to_none=True)
@@ -203,13 +249,14 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
-            model.apply_weight_constraints()  # nGPT/anGPT projections (SPEC §1); nothing for GPT+
+            if not paper:
+                model.apply_weight_constraints()  # nGPT/anGPT projections (SPEC §1); nothing for GPT+
             running, steps = running + loss.item(), steps + 1
         scheduler.step()
         if not math.isfinite(running):
             raise FloatingPointError(f"{task}: training loss is not finite at epoch {epoch} (lr {current_lr:g})")
-        train_loss, train_acc = evaluate(model, train_data, eval_batch_size, device)
-        heldout_loss, heldout_acc = (evaluate(model, heldout_data, eval_batch_size, device)
+        train_loss, train_acc = evaluate(model, train_data, eval_batch_size, device, paper)
+        heldout_loss, heldout_acc = (evaluate(model, heldout_data, eval_batch_size, device, paper)
                                      if n_heldout else (float("nan"), float("nan")))
         row = dict(epoch=epoch, lr=current_lr, train_loss_running=running / max(steps, 1), train_loss=train_loss,
                    train_acc=train_acc, heldout_loss=heldout_loss, heldout_acc=heldout_acc,
@@ -228,7 +275,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         if stop_at_train_acc is not None and train_acc >= stop_at_train_acc:
             break
 
-    summary = dict(task=task, seed=seed, attention_sparsity=config.attention_sparsity,
+    summary = dict(task=task, backbone=backbone, seed=seed, attention_sparsity=config.attention_sparsity,
                    architecture=config.architecture, epochs_run=len(history), epochs_budget=epochs,
                    epochs_to_95=epochs_to(history), final=history[-1] if history else None,
                    best_heldout_acc=max((r["heldout_acc"] for r in history), default=None), history=history)
@@ -238,9 +285,10 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         plot_curves(history, out / "curves.png", title)
         (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=1))
         if save_model:
-            model.save_pretrained(out / "model")
+            model.save(out / "model") if paper else model.save_pretrained(out / "model")
             tokenizer.save_pretrained(out / "model")
     return summary
 
 
-__all__ = ["run_protocol", "model_config", "evaluate", "epochs_to", "plot_curves", "OutputExistsError"]
+__all__ = ["run_protocol", "model_config", "paper_config", "BACKBONES", "evaluate", "epochs_to", "plot_curves",
+           "OutputExistsError"]
