@@ -9,6 +9,8 @@ Profiles (sizes per task are in PROFILES below):
     python bench/semantic_focus.py            # default: 3 seeds, about two hours on 2 CPU cores
     python bench/semantic_focus.py --quick    # 1 seed, smaller sets and budgets: minutes
     python bench/semantic_focus.py --paper --device cuda   # the paper's sizes and epoch budgets (GPU)
+    python bench/semantic_focus.py --backbone paper        # the paper's own encoder instead of the library's model
+`--backbone paper` (paper_encoder.py) writes its own sections, `semantic_focus[_<profile>]_paper_encoder`.
 On CPU the default cannot afford the paper's budgets (Parity 1000 epochs, ListOps 200 epochs of 5000
 sequences of 501–599 tokens): it caps the epochs and runs a shorter ListOps (documented in the section).
 Finished runs are reused from --output-dir (summary.json), so an interrupted run continues where it stopped.
@@ -37,6 +39,16 @@ VARIANTS = {
     "block": {"attention_sparsity": "block", "attention_block_size": 5},
 }
 TASKS = ("even_pairs", "parity", "listops")
+BACKBONE_TEXT = {
+    "library": "backbone `library`: bidirectional GPT+ `AnGPTForSequenceClassification` without QK-norm, mean "
+               "pooling over real tokens, 5 blocks (ListOps 10), d 64, MLP 64 (SwiGLU), 1 head, RMSNorm, no biases, "
+               "N(0, 0.02) init, attention dropout 0.01, RoPE",
+    "paper": "backbone `paper`: the paper's own encoder (`paper_encoder.py`, research note §3.1): token embedding "
+             "U(±0.1)·√d plus fixed sinusoidal absolute positions, 5 pre-LN blocks (ListOps 10) with non-affine "
+             "LayerNorm, 1-head attention with biases through the library's eager sparse attention, ReLU MLP 64 "
+             "with biases, dropout 0.01 on embeddings, attention probabilities, MLP and residuals, no final LN, "
+             "mean pooling over all positions (PAD included), classifier U(±0.1), PyTorch default init elsewhere",
+}
 # per task: n_train, n_heldout, epochs, task kwargs (ListOps lengths)
 PROFILES = {
     "paper": {"seeds": 3, "even_pairs": (5000, 2000, 100, {}), "parity": (5000, 2000, 1000, {}),
@@ -59,6 +71,8 @@ def one_run(job: dict) -> dict:
     out = pathlib.Path(job["output_dir"])
     if (out / "summary.json").exists() and (out / "metrics.jsonl").exists():
         summary = json.loads((out / "summary.json").read_text())
+        if summary.get("backbone", "library") != job["backbone"]:
+            raise ValueError(f"{out} holds a {summary.get('backbone', 'library')}-backbone run, not {job['backbone']}")
         summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         return {**job, **summary}
     if (out / "metrics.jsonl").exists():  # an interrupted run: start it again
@@ -68,7 +82,7 @@ def one_run(job: dict) -> dict:
                            n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],
                            stop_at_train_acc=job["stop_at"], save_model=False, tensorboard=False, plot_every=0,
                            log=lambda line: print(line, flush=True) if job["verbose"] else None,
-                           **VARIANTS[job["variant"]])
+                           backbone=job["backbone"], **VARIANTS[job["variant"]])
     return {**job, **summary}
 
 
@@ -163,6 +177,8 @@ def main(argv=None) -> dict:
     profile.add_argument("--paper", action="store_true", help="the paper's sizes and epoch budgets (for a GPU)")
     profile.add_argument("--smoke", action="store_true", help="seconds: for the test suite")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backbone", default="library", choices=("library", "paper"),
+                        help="library: AnGPTForSequenceClassification (GPT+); paper: the paper's encoder")
     parser.add_argument("--seeds", type=int, default=None, help="override the profile's number of seeds")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
@@ -180,7 +196,8 @@ def main(argv=None) -> dict:
     settings = PROFILES[name]
     tasks, variants = args.tasks.split(","), args.variants.split(",")
     seeds = args.seeds or settings["seeds"]
-    output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}")
+    suffix = "_paper_encoder" if args.backbone == "paper" else ""  # own sections, plots and runs per backbone
+    output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}{suffix.replace('_', '-')}")
     jobs = []
     for task in tasks:
         n_train, n_heldout, epochs, task_kwargs = settings[task]
@@ -189,6 +206,7 @@ def main(argv=None) -> dict:
                 jobs.append(dict(task=task, variant=variant, seed=seed, n_train=n_train, n_heldout=n_heldout,
                                  epochs=args.epochs or epochs, task_kwargs=task_kwargs, device=args.device,
                                  stop_at=args.stop_at or None, threads=args.threads, verbose=args.verbose,
+                                 backbone=args.backbone,
                                  output_dir=str(output_dir / task / variant / f"seed{seed}")))
     started = time.time()
     if args.jobs > 1:
@@ -201,11 +219,12 @@ def main(argv=None) -> dict:
     table = summarise(runs, tasks, variants)
 
     command = "python bench/semantic_focus.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = [f"## Semantic focus: full vs top-k vs window vs block attention ({name} profile)", "",
+    backbone = BACKBONE_TEXT[args.backbone]
+    lines = [f"## Semantic focus: full vs top-k vs window vs block attention ({name} profile, "
+             f"{args.backbone} backbone)", "",
              f"`{command.strip()}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
              f"thread(s) each, {wall / 60:.1f} min wall clock.", "",
-             "Protocol (`angpt semantic-focus`, SPEC §4): bidirectional GPT+ classifier without QK-norm, mean "
-             "pooling, 5 blocks (ListOps 10), d 64, MLP 64, 1 head, attention dropout 0.01, RoPE; SGD batch 25, "
+             f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, SPEC §4): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
              "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]
@@ -229,7 +248,8 @@ def main(argv=None) -> dict:
     if "full" in variants and "topk" in variants:
         lines += ["", "Against the paper's claim (top-k learns faster than full; fixed patterns do not):", ""]
         lines += [f"- {task}: {verdict(table, task, args.epochs or settings[task][2])}" for task in tasks]
-    plot_name = f"semantic_focus{'' if name == 'default' else '_' + name}.png"
+    section_name = f"semantic_focus{'' if name == 'default' else '_' + name}{suffix}"
+    plot_name = f"{section_name}.png"
     lines += ["", f"![median accuracy per epoch with min–max band over seeds](plots/{plot_name})"]
     section = "\n".join(line for line in lines if line is not None)
     print(section)
@@ -239,7 +259,7 @@ def main(argv=None) -> dict:
         from results_file import update_section
 
         plot(runs, tasks, variants, HERE / "plots" / plot_name)
-        update_section(f"semantic_focus{'' if name == 'default' else '_' + name}", section)
+        update_section(section_name, section)
     return {"runs": runs, "table": table, "section": section}
 
 

@@ -3,6 +3,7 @@
 The protocol of Ram et al. (SPEC §4); a thin layer over `modeling_angpt.evaluation.semantic_focus.run_protocol`.
 
     angpt semantic-focus --task even_pairs --attention-sparsity topk --attention-topk 5 --output-dir runs/ep-topk
+    angpt semantic-focus --backbone paper ...   # the paper's own encoder (paper_encoder.py) instead of GPT+
 """
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=25)
     parser.add_argument("--grad-clip", type=float, default=0.5, help="gradient-norm clip (0: none)")
     parser.add_argument("--stop-at-train-acc", type=float, default=None, help="end early at this training accuracy")
+    parser.add_argument("--backbone", default="library", choices=("library", "paper"),
+                        help="library: AnGPTForSequenceClassification (--architecture, RoPE); paper: the paper's "
+                        "encoder (sinusoidal positions, non-affine LayerNorm, ReLU MLP; saved as state_dict + JSON)")
     attention = parser.add_argument_group("attention (SPEC §3)")
     attention.add_argument("--attention-sparsity", default="none", choices=("none", "topk", "window", "block"))
     attention.add_argument("--attention-topk", type=int, default=5)
@@ -46,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--hidden-size", type=int, default=64)
     model.add_argument("--intermediate-size", type=int, default=None, help="default 64 (gptplus), 4d otherwise")
     model.add_argument("--num-heads", type=int, default=1)
-    model.add_argument("--dropout", type=float, default=0.01, help="attention-probability dropout")
+    model.add_argument("--dropout", type=float, default=0.01,
+                       help="attention-probability dropout (paper backbone: also embeddings, MLP, residuals)")
+    model.add_argument("--activation", default="relu", choices=("relu", "gelu", "mish"), help="paper backbone's MLP")
     parser.add_argument("--listops-min-length", type=int, default=501)
     parser.add_argument("--listops-max-length", type=int, default=599)
     parser.add_argument("--device", default="cpu")
@@ -68,18 +74,24 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     task_kwargs = ({"min_length": args.listops_min_length, "max_length": args.listops_max_length}
                    if args.task == "listops" else {})
+    model_kwargs = dict(
+        num_layers=args.num_layers, hidden_size=args.hidden_size, num_heads=args.num_heads, dropout=args.dropout,
+        attention_sparsity=args.attention_sparsity, attention_topk=args.attention_topk,
+        attention_window=args.attention_window, attention_block_size=args.attention_block_size,
+        attention_global_tokens=args.attention_global_tokens)
+    if args.backbone == "paper":  # the library-only flags (--architecture, --rope-type, ...) do not apply
+        model_kwargs.update(intermediate_size=args.intermediate_size or 64, activation=args.activation)
+    else:
+        model_kwargs.update(
+            intermediate_size=args.intermediate_size, architecture=args.architecture, qk_norm=args.qk_norm,
+            rope_type=args.rope_type, partial_rotary_factor=args.partial_rotary_factor,
+            attn_implementation=args.attn_implementation)
     try:
         summary = run_protocol(
             args.task, out, seed=args.seed, epochs=args.epochs, n_train=args.n_train, n_heldout=args.n_heldout,
             batch_size=args.batch_size, lr=args.lr, gamma=args.gamma, grad_clip=args.grad_clip or None,
             device=args.device, stop_at_train_acc=args.stop_at_train_acc, task_kwargs=task_kwargs,
-            tensorboard=not args.no_tensorboard, architecture=args.architecture, qk_norm=args.qk_norm,
-            num_layers=args.num_layers, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-            num_heads=args.num_heads, dropout=args.dropout, attention_sparsity=args.attention_sparsity,
-            attention_topk=args.attention_topk, attention_window=args.attention_window,
-            attention_block_size=args.attention_block_size, attention_global_tokens=args.attention_global_tokens,
-            rope_type=args.rope_type, partial_rotary_factor=args.partial_rotary_factor,
-            attn_implementation=args.attn_implementation)
+            tensorboard=not args.no_tensorboard, backbone=args.backbone, **model_kwargs)
     except (ValueError, FileExistsError, FloatingPointError) as error:
         print(f"angpt semantic-focus: error: {error}", file=sys.stderr)
         return 2
