@@ -5,6 +5,7 @@ matrix's spectral norm by about lr·width while its rows stay in the unit ball, 
 ‖h‖ and the MLP output (∝ ‖h‖²) follow. The recipe's width rule (lr × 128/d on matrices) must keep every width's
 loss below 1.5× its initial value; the same run without the rule must spike at d=512 (the test has teeth)."""
 import importlib.resources
+import json
 import math
 
 import pytest
@@ -86,3 +87,33 @@ def test_fast_logit_scale_keeps_the_stream_normalised_and_the_loss_below_its_sta
     assert max(losses) <= losses[0] and max(norms) < 4.0, (losses, norms)
     slow_losses, slow_norms = _logit_scale_run(16.0)
     assert max(slow_norms) > 10.0 and max(slow_losses) > 1.2 * slow_losses[0], (slow_losses, slow_norms)
+
+
+DEEP = {"hidden_size": 256, "num_hidden_layers": 24}  # narrow and deep: the depth effect alone, in seconds
+
+
+def test_deep_angpt_blows_up_with_specs_alpha_and_trains_with_the_presets_depth_rule():
+    """Depth is the third cause (bench/RESULTS.md, "Depth"): with no exact norm, each MLP sublayer maps ‖h‖ = x to
+    about (1 − α)x + α·c·x², so a perturbation of the first steps compounds over the 2L sublayers and α·L decides.
+    SPEC's α init 0.05 at 24 layers (α·L = 1.2) blows up within three steps even at d = 256; the presets' rule for
+    deep models, α init = 0.12/L, trains smoothly with the same data, seed and recipe."""
+    blown, _ = _train(steps=4, alpha_init=0.05, **DEEP)
+    assert not all(math.isfinite(x) for x in blown) or max(blown) > 1.5 * blown[0], blown
+    losses, norms = _train(steps=8, alpha_init=0.12 / DEEP["num_hidden_layers"], **DEEP)
+    assert all(math.isfinite(x) for x in losses) and max(losses) <= losses[0], losses
+    assert max(norms) < 4.0, norms
+
+
+def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
+    from modeling_angpt.training.model_setup import ALPHA_DEPTH_LIMIT, REPO_PRESETS, alpha_depth_warning
+
+    presets = sorted(REPO_PRESETS.glob("angpt-*.json"))
+    assert len(presets) >= 6, presets
+    for path in presets:
+        values = json.loads(path.read_text())
+        config = AnGPTConfig(**{k: v for k, v in values.items() if k != "model_type"})
+        assert config.alpha_init * config.num_hidden_layers <= ALPHA_DEPTH_LIMIT + 1e-9, path.name
+        assert alpha_depth_warning(config) is None, path.name
+    deep = AnGPTConfig(architecture="angpt", num_hidden_layers=24)  # SPEC's α init 0.05
+    assert "alpha_init" in alpha_depth_warning(deep) and "24 layers" in alpha_depth_warning(deep)
+    assert alpha_depth_warning(AnGPTConfig(architecture="ngpt", num_hidden_layers=24)) is None  # exact norms

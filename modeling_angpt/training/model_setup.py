@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -16,6 +17,10 @@ REPO_PRESETS = Path(__file__).resolve().parents[2] / "configuration" / "presets"
 FALLBACK_DEFAULTS = {"optimizer": "adamw", "weight_decay": 0.1, "warmup_ratio": 0.2, "adam_beta1": 0.9,
                      "adam_beta2": 0.95, "adam_epsilon": 1e-9, "max_grad_norm": 1.0,
                      "lr_scheduler_type": "cosine", "min_lr_ratio": 0.01}
+# anGPT has no exact norm on the residual stream: each MLP sublayer maps ‖h‖ = x to about (1 − α)x + α·c·x², an
+# unstable fixed point at 1 whose perturbation compounds over the depth, so the initial α·L decides whether the
+# first Adam steps blow up. Measured (bench/RESULTS.md, "Depth"): α·L ≤ 0.4 held, 0.6 and above blew up at step 2–3.
+ALPHA_DEPTH_LIMIT = 0.4
 
 
 def _register_models() -> None:
@@ -63,10 +68,26 @@ def build_config(recipe):
                          f"not model_type {model_type!r}")
     values.pop("transformers_version", None)
     config = AutoConfig.for_model(model_type, **values)
+    depth_warning = alpha_depth_warning(config)
+    if depth_warning:
+        warnings.warn(depth_warning, stacklevel=2)
     if recipe.block_size > config.max_position_embeddings:
         raise ValueError(f"recipe key block_size={recipe.block_size} exceeds the model's "
                          f"max_position_embeddings={config.max_position_embeddings}")
     return config
+
+
+def alpha_depth_warning(config) -> str | None:
+    """A one-line warning when a fresh anGPT's α init is too large for its depth (see ALPHA_DEPTH_LIMIT)."""
+    if getattr(config, "architecture", None) != "angpt":
+        return None
+    product = config.alpha_init * config.num_hidden_layers
+    if product <= ALPHA_DEPTH_LIMIT + 1e-9:
+        return None
+    return (f"anGPT with alpha_init={config.alpha_init:g} and {config.num_hidden_layers} layers (alpha_init x layers "
+            f"= {product:.2g} > {ALPHA_DEPTH_LIMIT}) tends to blow up in its first steps; set model_kwargs.alpha_init "
+            f"<= {ALPHA_DEPTH_LIMIT / config.num_hidden_layers:.3g} (the presets from 12 layers use 0.12/layers; "
+            "docs/architectures.md)")
 
 
 def build_model(recipe, config, tokenizer):
