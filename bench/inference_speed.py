@@ -10,7 +10,10 @@ them alike), same dtype, same attention backend (sdpa), same threads; medians ar
   prefill: one forward over B × T prompt tokens (use_cache=False), tokens/s = B·T / time
   decode:  after a prefill of P tokens, N single-token steps through the KV cache, tokens/s = B·N / time
   --compile: decode through a StaticCache with the single-token step under torch.compile(fullgraph=True,
-  dynamic=False), every model alike (transformers' compiled static-cache decoding path; the prefill stays eager)
+  dynamic=False), every model alike (transformers' compiled static-cache decoding path; the prefill stays eager);
+  folded anGPT also decodes eagerly through the dynamic cache in the same run (the "compiled / eager" ratio), and
+  the batch-1 bound is printed: one decode step reads every weight once, so tokens/s ≤ memory bandwidth / weight
+  bytes, with the bandwidth measured in the same run (a large tensor copy)
 Two clocks: wall time, and process CPU time / threads (less sensitive to other processes on a shared machine).
 """
 from __future__ import annotations
@@ -44,7 +47,24 @@ def build_models(args, dtype):
     llama = LlamaForCausalLM._from_config(LlamaConfig(intermediate_size=4 * args.hidden, tie_word_embeddings=False,
                                                       **shape), attn_implementation="sdpa")
     models["Llama (transformers)"] = llama.to(dtype)
+    if args.compile:  # the same folded weights on the eager dynamic-cache path, for the compiled / eager ratio
+        models[EAGER_ANGPT] = models["anGPT (folded)"]
     return {name: m.to(args.device).eval() for name, m in models.items()}
+
+
+EAGER_ANGPT = "anGPT (folded, eager dynamic cache)"
+
+
+def memory_bandwidth(device: str, megabytes: int = 512, repeats: int = 5) -> float:
+    """Bytes per second of a large tensor copy (one read and one write per byte), median of `repeats`."""
+    source = torch.ones(megabytes * 2**20 // 4, device=device)
+    target = torch.empty_like(source)
+    times = []
+    for _ in range(repeats + 1):
+        start = clocks()
+        target.copy_(source)
+        times.append(elapsed(start)[0])
+    return 2 * source.numel() * source.element_size() / statistics.median(times[1:])
 
 
 DEVICE = "cpu"  # set by main(); the clocks wait for the GPU's queue, otherwise they would time the launches only
@@ -127,7 +147,8 @@ def main(argv=None) -> int:
             for name, model in models.items():
                 for clock, t in zip(("wall", "cpu"), prefill_time(model, prefill_ids)):
                     results.setdefault((clock, "prefill", batch, name), []).append(batch * args.prefill_len / t)
-                for clock, t in zip(("wall", "cpu"), decode_time(model, prompt_ids, args.decode_steps, args.compile, capacity)):
+                compiled = args.compile and name != EAGER_ANGPT
+                for clock, t in zip(("wall", "cpu"), decode_time(model, prompt_ids, args.decode_steps, compiled, capacity)):
                     results.setdefault((clock, "decode", batch, name), []).append(batch * args.decode_steps / t)
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else (
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads")
@@ -137,15 +158,25 @@ def main(argv=None) -> int:
           f"prefill {args.prefill_len} tokens; decode {args.decode_steps} steps after {args.prompt_len}; "
           f"median of {args.repeats}")
     names = list(models)
-    print("\n| clock | phase | batch | " + " | ".join(f"{n} tok/s" for n in names) + " | folded anGPT / GPT+ |")
-    print("|---|---|---|" + "---|" * len(names) + "---|")
+    extra = " | folded anGPT compiled / eager |" if args.compile else " |"
+    print("\n| clock | phase | batch | " + " | ".join(f"{n} tok/s" for n in names) + " | folded anGPT / GPT+" + extra)
+    print("|---|---|---|" + "---|" * len(names) + "---|" + ("---|" if args.compile else ""))
     for clock in ("wall", "cpu"):
         for phase in ("prefill", "decode"):
             for batch in args.batches:
                 medians = {n: statistics.median(results[(clock, phase, batch, n)]) for n in names}
                 ratio = medians["anGPT (folded)"] / medians["GPT+ (folded norms)"]
-                print(f"| {clock} | {phase} | {batch} | " + " | ".join(f"{medians[n]:.0f}" for n in names)
-                      + f" | {ratio:.3f}× |")
+                row = (f"| {clock} | {phase} | {batch} | " + " | ".join(f"{medians[n]:.0f}" for n in names)
+                       + f" | {ratio:.3f}× |")
+                if args.compile:
+                    speedup = medians["anGPT (folded)"] / medians[EAGER_ANGPT]
+                    row += f" {speedup:.2f}× |" if phase == "decode" else " – |"
+                print(row)
+    if args.compile:
+        weights = sum(p.numel() * p.element_size() for p in models["anGPT (folded)"].parameters())
+        bandwidth = memory_bandwidth(args.device)
+        print(f"\nbatch-1 decode bound: {bandwidth / 1e9:.1f} GB/s copy bandwidth (measured now) / "
+              f"{weights / 1e6:.0f} MB of folded anGPT weights = {bandwidth / weights:.0f} tokens/s")
     return 0
 
 

@@ -167,6 +167,37 @@ def main_presets(args) -> None:
         update_section(args.section or "preset_stability", section)
 
 
+def main_depths(args) -> None:
+    """Depth × α init at the recipe defaults (width rule, the config's s_z speed): where deep models blow up."""
+    corpus = byte_corpus()
+    rows = []
+    for pair in args.depth_alpha:
+        layers, alpha = int(pair.split(":")[0]), float(pair.split(":")[1])
+        for d in args.widths:
+            start = time.time()
+            r = run_probe(d, layers, args.lr, args.steps, args.batch, args.seq, seed=args.seed, corpus=corpus,
+                          device=args.device, width_rule="inverse_width", model_kwargs={"alpha_init": alpha})
+            record(rows, f"| {d} | {layers} | {alpha:g} | {alpha * layers:.2f} | {spike_text(r)} | "
+                         f"{r['losses'][0]:.3f} | {r['final_loss']:.3f} | {r['max_stream_norm']:.1f} |",
+                   start, args.rows)
+    if args.rows:
+        rows = open(args.rows).read().splitlines()
+    section = "\n".join([
+        f"## Depth stability of anGPT: α init against depth, first {args.steps} steps (issue 12)", "",
+        f"`bench/width_stability.py --depth-alpha {' '.join(args.depth_alpha)} --widths "
+        f"{' '.join(map(str, args.widths))} --steps {args.steps} --batch {args.batch} --seq {args.seq}` on "
+        f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.machine() + ' CPU'} "
+        f"(torch {torch.__version__}, load average {os.getloadavg()[0]:.1f}): anGPT at the recipe defaults (width "
+        f"rule, s_z speed 256), d_h=64, byte-level Shakespeare (vocab 256), {args.batch}×{args.seq} tokens per step, "
+        f"constant lr {args.lr}, no warm-up, seed {args.seed}; only the depth and α init change. spike = max loss / "
+        "initial loss; ‖h‖ = residual-stream norm after the last layer (1 at init), max over the steps.", "",
+        "| d | layers | α init | α·L | spike | loss₀ | final loss | max ‖h‖ |", "|---|---|---|---|---|---|---|---|", *rows])
+    print(section)
+    if not args.no_write:
+        from results_file import update_section
+        update_section(args.section or "depth_stability", section)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024])
@@ -187,7 +218,11 @@ def main(argv=None):
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--rows", help="append each run's table row to this file and render the table from all "
                                        "rows in it (to build one table from several invocations)")
+    parser.add_argument("--depth-alpha", nargs="+", metavar="LAYERS:ALPHA",
+                        help="depth sweep instead: these (layers, α init) pairs at each --widths, recipe defaults")
     args = parser.parse_args(argv)
+    if args.depth_alpha:
+        return main_depths(args)
     if args.presets:
         args.preset_steps = args.preset_steps or [args.steps] * len(args.presets)
         args.bf16 = args.precisions == ["bf16"]

@@ -93,7 +93,9 @@ class AnGPTConfig(PreTrainedConfig):
             constants are derived from it (architectures_angpt.AnGPT.constants).
         qk_norm: GPT+ only; per-head RMSNorm with gain on q and k (off = Llama).
         alpha_shape: `"vector"` (one α per hidden dimension) or `"scalar"` (one per sublayer) [flag].
-        alpha_init: initial LERP weight α for nGPT/anGPT (0.05; the anGPT paper also mentions 0.01) [flag].
+        alpha_init: initial LERP weight α for nGPT/anGPT (0.05; the anGPT paper also mentions 0.01) [flag]. Deep
+            anGPT models need less: the presets from 12 layers use 0.12 / layers, and training warns above
+            alpha_init × layers = 0.4 (docs/architectures.md, "Three departures").
         alpha_abs: use |α| as the NVIDIA nGPT code does, instead of α with its sign [flag].
         alpha_nu: anGPT only; multiply each LERP residual by ν(α) (SPEC §1.3). False is the paper's ablation.
         gate_sqrt_d: where nGPT/anGPT put the √d factor of the MLP: `"gate"` (paper) or `"both"` (NVIDIA code) [flag].
@@ -102,7 +104,7 @@ class AnGPTConfig(PreTrainedConfig):
             about lr·speed a step. `None` picks the architecture's: √d for nGPT (its paper, SPEC §1.2) and 256 for
             anGPT. Why anGPT needs a fast s_z: with no final norm its logit temperature is s_z·‖h‖, and when s_z
             cannot grow fast enough the last block lengthens h instead, so the stream stops being normalised and
-            the loss spikes (docs/architectures.md, "Two departures"; bench/RESULTS.md, width stability) [flag].
+            the loss spikes (docs/architectures.md, "Three departures"; bench/RESULTS.md, width stability) [flag].
         rope_parameters: transformers 5 RoPE dict: `rope_type`, `rope_theta`, `partial_rotary_factor` (default 0.5).
             rope_type `none` is NoPE; `proportional` is Barbero et al.'s p-RoPE (keep the highest-frequency
             fraction p of the pairs); `scale_invariant_p` is the scale-invariant paper's p-RoPE (p·d_h/2 rotating

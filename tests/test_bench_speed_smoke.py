@@ -31,6 +31,19 @@ def test_inference_speed_smoke(bench, capsys):
     assert "| wall | decode | 1 |" in table and "| cpu | prefill | 1 |" in table
 
 
+@pytest.mark.slow  # four models compiled by inductor: minutes on 2 cores
+def test_inference_speed_compiled_smoke(bench, capsys):
+    import inference_speed
+
+    inference_speed.main(["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64", "--prefill-len", "8",
+                          "--prompt-len", "4", "--decode-steps", "2", "--batches", "1", "--repeats", "1",
+                          "--threads", "1", "--device", "cpu", "--compile"])
+    table = capsys.readouterr().out
+    decode = next(line for line in table.splitlines() if line.startswith("| wall | decode | 1 |"))
+    assert decode.endswith("× |") and "anGPT (folded, eager dynamic cache) tok/s" in table
+    assert "batch-1 decode bound:" in table
+
+
 def test_train_step_time_smoke(bench, capsys):
     import train_step_time
 
@@ -47,3 +60,12 @@ def test_width_stability_smoke(bench, capsys):
                           "--variants", "baseline", "width_rule", "--device", "cpu", "--no-write"])
     out = capsys.readouterr().out
     assert "| baseline | fp32 | 64 |" in out and "| width_rule | fp32 | 64 |" in out
+
+
+def test_width_stability_depth_sweep_smoke(bench, capsys):
+    import width_stability
+
+    width_stability.main(["--depth-alpha", "2:0.05", "3:0.01", "--widths", "64", "--steps", "2", "--batch", "2",
+                          "--seq", "16", "--device", "cpu", "--no-write"])
+    out = capsys.readouterr().out
+    assert "| 64 | 2 | 0.05 | 0.10 |" in out and "| 64 | 3 | 0.01 | 0.03 |" in out
