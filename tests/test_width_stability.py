@@ -117,3 +117,17 @@ def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
     deep = AnGPTConfig(architecture="angpt", num_hidden_layers=24)  # SPEC's α init 0.05
     assert "alpha_init" in alpha_depth_warning(deep) and "24 layers" in alpha_depth_warning(deep)
     assert alpha_depth_warning(AnGPTConfig(architecture="ngpt", num_hidden_layers=24)) is None  # exact norms
+
+
+def test_training_warns_before_building_a_deep_angpt_with_specs_alpha():
+    import warnings
+
+    from modeling_angpt.training.model_setup import build_config
+
+    deep = Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24})
+    with pytest.warns(UserWarning, match=r"alpha_init=0.05 and 24 layers .*model_kwargs.alpha_init <= 0.0167"):
+        build_config(deep)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24, "alpha_init": 0.005}))
+        build_config(Recipe(model="angpt-tiny", architecture="ngpt", model_kwargs={"num_hidden_layers": 24}))
