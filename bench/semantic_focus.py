@@ -43,7 +43,7 @@ BACKBONE_TEXT = {
     "library": "backbone `library`: bidirectional GPT+ `AnGPTForSequenceClassification` without QK-norm, mean "
                "pooling over real tokens, 5 blocks (ListOps 10), d 64, MLP 64 (SwiGLU), 1 head, RMSNorm, no biases, "
                "N(0, 0.02) init, attention dropout 0.01, RoPE",
-    "paper": "backbone `paper`: the paper's own encoder (`paper_encoder.py`, research note §3.1): token embedding "
+    "paper": "backbone `paper`: the paper's own encoder (`modeling_angpt/evaluation/semantic_focus/paper_encoder.py`): token embedding "
              "U(±0.1)·√d plus fixed sinusoidal absolute positions, 5 pre-LN blocks (ListOps 10) with non-affine "
              "LayerNorm, 1-head attention with biases through the library's eager sparse attention, ReLU MLP 64 "
              "with biases, dropout 0.01 on embeddings, attention probabilities, MLP and residuals, no final LN, "
