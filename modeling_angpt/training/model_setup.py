@@ -19,7 +19,8 @@ FALLBACK_DEFAULTS = {"optimizer": "adamw", "weight_decay": 0.1, "warmup_ratio": 
                      "lr_scheduler_type": "cosine", "min_lr_ratio": 0.01}
 # anGPT has no exact norm on the residual stream: each MLP sublayer maps ‖h‖ = x to about (1 − α)x + α·c·x², an
 # unstable fixed point at 1 whose perturbation compounds over the depth, so the initial α·L decides whether the
-# first Adam steps blow up. Measured (bench/RESULTS.md, "Depth"): α·L ≤ 0.4 held, 0.6 and above blew up at step 2–3.
+# first Adam steps blow up. Measured (bench/RESULTS.md, "Depth stability"): α·L ≤ 0.4 held at every width and depth
+# tried; 0.6 blew up angpt-190m and 24 layers at d = 256 at step 2–3, 1.2 overflowed.
 ALPHA_DEPTH_LIMIT = 0.4
 
 
