@@ -195,6 +195,12 @@ def main(argv=None) -> dict:
     name = "quick" if args.quick else "paper" if args.paper else "smoke" if args.smoke else "default"
     settings = PROFILES[name]
     tasks, variants = args.tasks.split(","), args.variants.split(",")
+    for given, known, flag, hint in ((tasks, TASKS, "--tasks", " (other tasks: angpt semantic-focus --task NAME)"),
+                                     (variants, VARIANTS, "--variants", "")):
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            parser.error(f"{flag}: unknown {', '.join(unknown)}; expected a comma-separated subset of "
+                         f"{','.join(known)}{hint}")
     seeds = args.seeds or settings["seeds"]
     suffix = "_paper_encoder" if args.backbone == "paper" else ""  # own sections, plots and runs per backbone
     output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}{suffix.replace('_', '-')}")

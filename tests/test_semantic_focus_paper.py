@@ -156,3 +156,17 @@ def test_command_and_benchmark_with_the_paper_backbone(tmp_path):
     assert len(result["runs"]) == 3 * 4 and {run["backbone"] for run in result["runs"]} == {"paper"}
     assert "paper backbone" in result["section"] and "sinusoidal" in result["section"]
     assert (tmp_path / "bench" / "semantic_focus_smoke_paper_encoder.png").exists()
+
+
+def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("bench_semantic_focus", REPO / "bench" / "semantic_focus.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for argv, expected in ((["--tasks", "even_pairs,missing_duplicates"], "--tasks: unknown missing_duplicates"),
+                           (["--variants", "full,dense"], "--variants: unknown dense")):
+        with pytest.raises(SystemExit) as stopped:
+            bench.main(["--smoke", "--no-write", "--output-dir", str(tmp_path / "never"), *argv])
+        assert stopped.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert expected in error and "Traceback" not in error
+    assert not (tmp_path / "never").exists()
