@@ -31,6 +31,9 @@ import modeling_angpt  # noqa: F401
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
 
 
+EAGER_ANGPT = "anGPT (folded, eager dynamic cache)"  # --compile: the folded weights on the eager path
+
+
 def build_models(args, dtype):
     shape = dict(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
                  num_attention_heads=args.heads, max_position_embeddings=4096)
@@ -50,9 +53,6 @@ def build_models(args, dtype):
     if args.compile:  # the same folded weights on the eager dynamic-cache path, for the compiled / eager ratio
         models[EAGER_ANGPT] = models["anGPT (folded)"]
     return {name: m.to(args.device).eval() for name, m in models.items()}
-
-
-EAGER_ANGPT = "anGPT (folded, eager dynamic cache)"
 
 
 def memory_bandwidth(device: str, megabytes: int = 512, repeats: int = 5) -> float:

@@ -136,6 +136,18 @@ def record(rows: list, row: str, start: float, rows_file: str | None) -> None:
             f.write(row + "\n")
 
 
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else platform.machine() + " CPU"
+
+
+def write_section(args, default: str, section: str) -> None:
+    """Print the section and, unless --no-write, put it into RESULTS.md under --section or `default`."""
+    print(section)
+    if not args.no_write:
+        from results_file import update_section
+        update_section(args.section or default, section)
+
+
 def main_presets(args) -> None:
     corpus = byte_corpus()
     rows = []
@@ -161,10 +173,7 @@ def main_presets(args) -> None:
         "| preset | d | layers run | steps run | spike | loss₀ | final loss | max ‖h‖ | wall time (s) |",
         "|---|---|---|---|---|---|---|---|---|",
         *rows])
-    print(section)
-    if not args.no_write:
-        from results_file import update_section
-        update_section(args.section or "preset_stability", section)
+    write_section(args, "preset_stability", section)
 
 
 def main_depths(args) -> None:
@@ -186,16 +195,13 @@ def main_depths(args) -> None:
         f"## Depth stability of anGPT: α init against depth, first {args.steps} steps (issue 12)", "",
         f"`bench/width_stability.py --depth-alpha {' '.join(args.depth_alpha)} --widths "
         f"{' '.join(map(str, args.widths))} --steps {args.steps} --batch {args.batch} --seq {args.seq}` on "
-        f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.machine() + ' CPU'} "
+        f"{device_name(args.device)} "
         f"(torch {torch.__version__}, load average {os.getloadavg()[0]:.1f}): anGPT at the recipe defaults (width "
         f"rule, s_z speed 256), d_h=64, byte-level Shakespeare (vocab 256), {args.batch}×{args.seq} tokens per step, "
         f"constant lr {args.lr}, no warm-up, seed {args.seed}; only the depth and α init change. spike = max loss / "
         "initial loss; ‖h‖ = residual-stream norm after the last layer (1 at init), max over the steps.", "",
         "| d | layers | α init | α·L | spike | loss₀ | final loss | max ‖h‖ |", "|---|---|---|---|---|---|---|---|", *rows])
-    print(section)
-    if not args.no_write:
-        from results_file import update_section
-        update_section(args.section or "depth_stability", section)
+    write_section(args, "depth_stability", section)
 
 
 def main(argv=None):
@@ -246,7 +252,7 @@ def main(argv=None):
     section = "\n".join([
         f"## Width stability of anGPT: first {args.steps} steps, one change at a time (issue 12)", "",
         f"`bench/width_stability.py --steps {args.steps} --layers {args.layers} --device {args.device}` on "
-        f"{torch.cuda.get_device_name() if args.device.startswith('cuda') else platform.machine() + ' CPU'} "
+        f"{device_name(args.device)} "
         f"(torch {torch.__version__}, load average {load:.1f}): anGPT with {args.layers} layers, d_h=64, byte-level "
         f"Shakespeare (vocab 256), 8×128 tokens per step, constant lr {args.lr}, Adam β=(0.9, 0.95) eps 1e-9, "
         "clip 1.0, the row constraint after every step, no warm-up, seed "
@@ -254,10 +260,7 @@ def main(argv=None):
         "max over steps, then at the last step); σ = largest singular value of the last down_proj (1.5 at init).",
         "", "| variant | precision | d | spike | loss₀ | final loss | max ‖h‖ | final ‖h‖ | σ(W_down) |",
         "|---|---|---|---|---|---|---|---|---|", *rows])
-    print(section)
-    if not args.no_write:
-        from results_file import update_section
-        update_section(args.section or "width_stability", section)
+    write_section(args, "width_stability", section)
 
 
 if __name__ == "__main__":

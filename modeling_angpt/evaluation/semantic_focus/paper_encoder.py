@@ -154,7 +154,10 @@ class PaperEncoderForSequenceClassification(nn.Module):
             x = block(x)
         return SequenceClassifierOutput(logits=self.classifier(x.mean(dim=1)))  # no final LN; mean over all positions
 
-    def save(self, directory: str | Path) -> None:
+    def apply_weight_constraints(self) -> None:
+        """The protocol's per-step hook (nGPT/anGPT projections); the paper's encoder constrains nothing."""
+
+    def save_pretrained(self, directory: str | Path) -> None:
         """Not a transformers model: `config.json` (this dataclass) and `model.pt` (the state_dict)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

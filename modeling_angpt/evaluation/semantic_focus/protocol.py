@@ -249,8 +249,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
-            if not paper:
-                model.apply_weight_constraints()  # nGPT/anGPT projections (SPEC §1); nothing for GPT+
+            model.apply_weight_constraints()  # nGPT/anGPT projections (SPEC §1); nothing for GPT+ or the paper's
             running, steps = running + loss.item(), steps + 1
         scheduler.step()
         if not math.isfinite(running):
@@ -285,7 +284,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         plot_curves(history, out / "curves.png", title)
         (out / "summary.json").write_text(json.dumps({k: v for k, v in summary.items() if k != "history"}, indent=1))
         if save_model:
-            model.save(out / "model") if paper else model.save_pretrained(out / "model")
+            model.save_pretrained(out / "model")
             tokenizer.save_pretrained(out / "model")
     return summary
 
