@@ -17,7 +17,6 @@ import importlib.resources
 import json
 import math
 import os
-import platform
 import sys
 import time
 
@@ -28,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM  # noqa: E402
 from modeling_angpt.training.optim import scaled_param_groups, width_lr_scale  # noqa: E402
+from results_file import machine_line, update_section  # noqa: E402
 
 # One change at a time against the SPEC §1.3 defaults: no width rule and nGPT's s_z speed √d (`SPEC_SPEED`);
 # the last two rows are the project's anGPT defaults, added one at a time.
@@ -136,15 +136,10 @@ def record(rows: list, row: str, start: float, rows_file: str | None) -> None:
             f.write(row + "\n")
 
 
-def device_name(device: str) -> str:
-    return torch.cuda.get_device_name() if device.startswith("cuda") else platform.machine() + " CPU"
-
-
 def write_section(args, default: str, section: str) -> None:
     """Print the section and, unless --no-write, put it into RESULTS.md under --section or `default`."""
     print(section)
     if not args.no_write:
-        from results_file import update_section
         update_section(args.section or default, section)
 
 
@@ -163,13 +158,12 @@ def main_presets(args) -> None:
     section = "\n".join([
         "## anGPT presets: first steps at the recipe defaults (issue 12)", "",
         f"`bench/width_stability.py --presets ... --batch {args.batch} --seq {args.seq}"
-        + (f" --layers {args.layers}" if args.layers else "") + f"` on {args.device} (load average "
-        f"{os.getloadavg()[0]:.1f}): each preset's width, heads, vocabulary and "
+        + (f" --layers {args.layers}" if args.layers else "") + "`: each preset's width, heads, vocabulary and "
         + (f"REDUCED depth ({args.layers} layers)" if args.layers else "depth") + f", float32, batch {args.batch}×"
         f"{args.seq} tokens of byte-level Shakespeare (so all but 256 vocabulary entries never occur: the first "
         f"steps must push their probability mass away), lr {args.lr} constant, Adam β=(0.9, 0.95) eps 1e-9, clip "
         "1.0, no warm-up, the anGPT recipe's width rule (matrices' lr × 128/d) and the config's s_z speed. "
-        "Criterion (issue 12): finite, max loss ≤ 1.5× the initial loss.", "",
+        "Criterion (issue 12): finite, max loss ≤ 1.5× the initial loss.", "", machine_line(args.device), "",
         "| preset | d | layers run | steps run | spike | loss₀ | final loss | max ‖h‖ | wall time (s) |",
         "|---|---|---|---|---|---|---|---|---|",
         *rows])
@@ -194,12 +188,12 @@ def main_depths(args) -> None:
     section = "\n".join([
         f"## Depth stability of anGPT: α init against depth, first {args.steps} steps (issue 12)", "",
         f"`bench/width_stability.py --depth-alpha {' '.join(args.depth_alpha)} --widths "
-        f"{' '.join(map(str, args.widths))} --steps {args.steps} --batch {args.batch} --seq {args.seq}` on "
-        f"{device_name(args.device)} "
-        f"(torch {torch.__version__}, load average {os.getloadavg()[0]:.1f}): anGPT at the recipe defaults (width "
+        f"{' '.join(map(str, args.widths))} --steps {args.steps} --batch {args.batch} --seq {args.seq}`: anGPT at "
+        "the recipe defaults (width "
         f"rule, s_z speed 256), d_h=64, byte-level Shakespeare (vocab 256), {args.batch}×{args.seq} tokens per step, "
         f"constant lr {args.lr}, no warm-up, seed {args.seed}; only the depth and α init change. spike = max loss / "
         "initial loss; ‖h‖ = residual-stream norm after the last layer (1 at init), max over the steps.", "",
+        machine_line(args.device), "",
         "| d | layers | α init | α·L | spike | loss₀ | final loss | max ‖h‖ |", "|---|---|---|---|---|---|---|---|", *rows])
     write_section(args, "depth_stability", section)
 
@@ -248,17 +242,14 @@ def main(argv=None):
     if args.rows:
         rows = sorted(set(open(args.rows).read().splitlines()),
                       key=lambda r: (r.split("|")[2], list(VARIANTS).index(r.split("|")[1].strip()), int(r.split("|")[3])))
-    load = os.getloadavg()[0]
     section = "\n".join([
         f"## Width stability of anGPT: first {args.steps} steps, one change at a time (issue 12)", "",
-        f"`bench/width_stability.py --steps {args.steps} --layers {args.layers} --device {args.device}` on "
-        f"{device_name(args.device)} "
-        f"(torch {torch.__version__}, load average {load:.1f}): anGPT with {args.layers} layers, d_h=64, byte-level "
+        f"`bench/width_stability.py --steps {args.steps} --layers {args.layers} --device {args.device}`: anGPT with {args.layers} layers, d_h=64, byte-level "
         f"Shakespeare (vocab 256), 8×128 tokens per step, constant lr {args.lr}, Adam β=(0.9, 0.95) eps 1e-9, "
         "clip 1.0, the row constraint after every step, no warm-up, seed "
         f"{args.seed}. spike = max loss / initial loss; ‖h‖ = residual-stream norm after the last layer (1 at init; "
         "max over steps, then at the last step); σ = largest singular value of the last down_proj (1.5 at init).",
-        "", "| variant | precision | d | spike | loss₀ | final loss | max ‖h‖ | final ‖h‖ | σ(W_down) |",
+        "", machine_line(args.device), "", "| variant | precision | d | spike | loss₀ | final loss | max ‖h‖ | final ‖h‖ | σ(W_down) |",
         "|---|---|---|---|---|---|---|---|---|", *rows])
     write_section(args, "width_stability", section)
 

@@ -40,6 +40,19 @@ def tiny_config():
     return make
 
 
+@pytest.fixture
+def semantic_focus_bench():
+    """bench/semantic_focus.py as a module of its own (bench/ is scripts, not a package)."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "semantic_focus.py"
+    spec = importlib.util.spec_from_file_location("bench_semantic_focus", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def fit_classifier(model, ids, labels, steps: int, lr: float) -> list[float]:
     """A few Adam steps with the architecture's weight constraint after each (as training does); the losses."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)

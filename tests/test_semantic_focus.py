@@ -3,7 +3,6 @@ from it, seeded disjoint splits, the fixed tokenizers, `angpt semantic-focus` en
 smoke size."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import pathlib
@@ -179,11 +178,8 @@ def test_command_runs_the_protocol_end_to_end_and_refuses_to_overwrite(tmp_path,
     assert err.count("\n") == 0 and "already holds results" in err and str(out) in err
 
 
-def test_benchmark_runs_end_to_end_at_smoke_size(tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_semantic_focus", REPO / "bench" / "semantic_focus.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    result = bench.main(["--smoke", "--no-write", "--jobs", "1", "--output-dir", str(tmp_path)])
+def test_benchmark_runs_end_to_end_at_smoke_size(tmp_path, semantic_focus_bench):
+    result = semantic_focus_bench.main(["--smoke", "--no-write", "--jobs", "1", "--output-dir", str(tmp_path)])
     assert len(result["runs"]) == 3 * 4
     for variant in ("full", "topk", "window", "block"):
         assert f"| listops | {variant} |" in result["section"]

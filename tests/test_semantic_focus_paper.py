@@ -4,10 +4,8 @@ from their definitions), permutation (in)variance, initialisation and shapes, an
 with `backbone="paper"` at smoke sizes."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import pathlib
 
 import pytest
 import torch
@@ -15,7 +13,6 @@ import torch
 from modeling_angpt.evaluation.semantic_focus.paper_encoder import (
     PaperEncoderConfig, PaperEncoderForSequenceClassification, sinusoidal_positions)
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 L, D = 40, 64
 
 
@@ -138,7 +135,7 @@ def test_listops_runs_padded_to_a_multiple_of_the_mask_size():
     assert paper_width(33, {"attention_sparsity": "none"}) == 33
 
 
-def test_command_and_benchmark_with_the_paper_backbone(tmp_path):
+def test_command_and_benchmark_with_the_paper_backbone(tmp_path, semantic_focus_bench):
     from modeling_angpt.cli import main
 
     out = tmp_path / "cli"
@@ -148,24 +145,18 @@ def test_command_and_benchmark_with_the_paper_backbone(tmp_path):
     assert json.loads((out / "model" / "config.json").read_text())["backbone"] == "paper"
     assert (out / "model" / "model.pt").exists() and (out / "model" / "tokenizer.json").exists()
 
-    spec = importlib.util.spec_from_file_location("bench_semantic_focus", REPO / "bench" / "semantic_focus.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    result = bench.main(["--smoke", "--backbone", "paper", "--no-write", "--jobs", "1", "--threads", "1",
-                         "--output-dir", str(tmp_path / "bench")])
+    result = semantic_focus_bench.main(["--smoke", "--backbone", "paper", "--no-write", "--jobs", "1", "--threads",
+                                        "1", "--output-dir", str(tmp_path / "bench")])
     assert len(result["runs"]) == 3 * 4 and {run["backbone"] for run in result["runs"]} == {"paper"}
     assert "paper backbone" in result["section"] and "sinusoidal" in result["section"]
     assert (tmp_path / "bench" / "semantic_focus_smoke_paper_encoder.png").exists()
 
 
-def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_semantic_focus", REPO / "bench" / "semantic_focus.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys, semantic_focus_bench):
     for argv, expected in ((["--tasks", "even_pairs,missing_duplicates"], "--tasks: unknown missing_duplicates"),
                            (["--variants", "full,dense"], "--variants: unknown dense")):
         with pytest.raises(SystemExit) as stopped:
-            bench.main(["--smoke", "--no-write", "--output-dir", str(tmp_path / "never"), *argv])
+            semantic_focus_bench.main(["--smoke", "--no-write", "--output-dir", str(tmp_path / "never"), *argv])
         assert stopped.value.code == 2
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert expected in error and "Traceback" not in error
