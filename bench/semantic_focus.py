@@ -10,7 +10,9 @@ Profiles (sizes per task are in PROFILES below):
     python bench/semantic_focus.py --quick    # 1 seed, smaller sets and budgets: minutes
     python bench/semantic_focus.py --paper --device cuda   # the paper's sizes and epoch budgets (GPU)
     python bench/semantic_focus.py --backbone paper        # the paper's own encoder instead of the library's model
-`--backbone paper` (paper_encoder.py) writes its own sections, `semantic_focus[_<profile>]_paper_encoder`.
+`--backbone paper` (paper_encoder.py) writes its own sections, `semantic_focus[_<profile>]_paper_encoder`;
+`--section NAME` writes another, so that a run of one task (say Parity at its 1000-epoch budget) sits beside the
+section of the others instead of replacing it.
 On CPU the default cannot afford the paper's budgets (Parity 1000 epochs, ListOps 200 epochs of 5000
 sequences of 501–599 tokens): it caps the epochs and runs a shorter ListOps (documented in the section).
 Finished runs are reused from --output-dir (summary.json), so an interrupted run continues where it stopped.
@@ -22,6 +24,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import statistics
 import sys
 import time
@@ -32,12 +35,15 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
+from results_file import add_output_arguments, save_figure, update_section  # noqa: E402
+
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
     "topk": {"attention_sparsity": "topk", "attention_topk": 5},
     "window": {"attention_sparsity": "window", "attention_window": 5},
     "block": {"attention_sparsity": "block", "attention_block_size": 5},
 }
+VARIANT_NAMES = {"full": "full", "topk": "top-k", "window": "window", "block": "block"}
 TASKS = ("even_pairs", "parity", "listops")
 BACKBONE_TEXT = {
     "library": "backbone `library`: bidirectional GPT+ `AnGPTForSequenceClassification` without QK-norm, mean "
@@ -74,7 +80,7 @@ def one_run(job: dict) -> dict:
         if summary.get("backbone", "library") != job["backbone"]:
             raise ValueError(f"{out} holds a {summary.get('backbone', 'library')}-backbone run, not {job['backbone']}")
         summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        return {**job, **summary}
+        return {**job, **summary, "reused": True}
     if (out / "metrics.jsonl").exists():  # an interrupted run: start it again
         (out / "metrics.jsonl").unlink()
     torch.set_num_threads(job["threads"])
@@ -83,7 +89,7 @@ def one_run(job: dict) -> dict:
                            stop_at_train_acc=job["stop_at"], save_model=False, tensorboard=False, plot_every=0,
                            log=lambda line: print(line, flush=True) if job["verbose"] else None,
                            backbone=job["backbone"], **VARIANTS[job["variant"]])
-    return {**job, **summary}
+    return {**job, **summary, "reused": False}
 
 
 def _median(values):
@@ -120,6 +126,18 @@ def verdict(table, task, budget) -> str:
     return text
 
 
+def _run_time(runs) -> str:
+    """Runs reused from an earlier invocation took no wall clock here: name them and the time their epochs took."""
+    reused = sum(r.get("reused", False) for r in runs)
+    if not reused:
+        return ""
+    seconds = [e["seconds"] for r in runs for e in r["history"] if "seconds" in e]
+    if not seconds:
+        return f" ({reused} of the runs reused from earlier invocations)"
+    return (f" ({reused} of the runs reused from earlier invocations; the epochs of all {len(runs)} took "
+            f"{sum(seconds) / 60:.0f} min of run time, median {statistics.median(seconds):.1f} s per epoch)")
+
+
 def _fmt_epochs(cell, budget) -> str:
     if not cell["reached"]:
         return f">{budget}"
@@ -154,8 +172,6 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
             axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
             axes[row][column].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].legend(fontsize=8)
-    from results_file import save_figure
-
     save_figure(figure, path)
 
 
@@ -188,7 +204,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--output-dir", default=None, help="default runs/semantic_focus-<profile>")
-    parser.add_argument("--no-write", action="store_true", help="leave RESULTS.md and bench/plots alone")
+    parser.add_argument("--section", default=None,
+                        help="RESULTS.md section and plot name, default semantic_focus[_<profile>][_paper_encoder]; "
+                             "name another (semantic_focus_...) to keep a run of some tasks beside a section "
+                             "already written for others")
+    add_output_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help="print every epoch of every run")
     args = parser.parse_args(argv)
 
@@ -201,6 +221,8 @@ def main(argv=None) -> dict:
         if unknown:
             parser.error(f"{flag}: unknown {', '.join(unknown)}; expected a comma-separated subset of "
                          f"{','.join(known)}{hint}")
+    if args.section is not None and not re.fullmatch(r"semantic_focus_\w+", args.section):
+        parser.error(f"--section: expected a name like semantic_focus_parity (letters, digits, _), got {args.section!r}")
     seeds = args.seeds or settings["seeds"]
     suffix = "_paper_encoder" if args.backbone == "paper" else ""  # own sections, plots and runs per backbone
     output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}{suffix.replace('_', '-')}")
@@ -226,10 +248,12 @@ def main(argv=None) -> dict:
 
     command = "python bench/semantic_focus.py " + " ".join(argv if argv is not None else sys.argv[1:])
     backbone = BACKBONE_TEXT[args.backbone]
-    lines = [f"## Semantic focus: full vs top-k vs window vs block attention ({name} profile, "
-             f"{args.backbone} backbone)", "",
+    compared = " vs ".join(VARIANT_NAMES[v] for v in variants) + " attention"
+    if args.section:  # a section beside the profile's own: say which tasks it holds
+        compared += " on " + ", ".join(tasks)
+    lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
              f"`{command.strip()}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
-             f"thread(s) each, {wall / 60:.1f} min wall clock.", "",
+             f"thread(s) each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
              f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, SPEC §4): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
@@ -254,7 +278,7 @@ def main(argv=None) -> dict:
     if "full" in variants and "topk" in variants:
         lines += ["", "Against the paper's claim (top-k learns faster than full; fixed patterns do not):", ""]
         lines += [f"- {task}: {verdict(table, task, args.epochs or settings[task][2])}" for task in tasks]
-    section_name = f"semantic_focus{'' if name == 'default' else '_' + name}{suffix}"
+    section_name = args.section or f"semantic_focus{'' if name == 'default' else '_' + name}{suffix}"
     plot_name = f"{section_name}.png"
     lines += ["", f"![median accuracy per epoch with min–max band over seeds](plots/{plot_name})"]
     section = "\n".join(line for line in lines if line is not None)
@@ -262,10 +286,8 @@ def main(argv=None) -> dict:
     if args.no_write:
         plot(runs, tasks, variants, output_dir / plot_name)
     else:
-        from results_file import update_section
-
-        plot(runs, tasks, variants, HERE / "plots" / plot_name)
-        update_section(section_name, section)
+        plot(runs, tasks, variants, pathlib.Path(args.plots_dir) / plot_name)
+        update_section(section_name, section, args.results)
     return {"runs": runs, "table": table, "section": section}
 
 

@@ -152,9 +152,29 @@ def test_command_and_benchmark_with_the_paper_backbone(tmp_path, semantic_focus_
     assert (tmp_path / "bench" / "semantic_focus_smoke_paper_encoder.png").exists()
 
 
+def test_benchmark_writes_a_named_section_beside_the_others_and_reuses_finished_runs(tmp_path, semantic_focus_bench):
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\n<!-- semantic_focus_smoke:start -->\nEven Pairs, kept\n"
+                       "<!-- semantic_focus_smoke:end -->\n")
+    argv = ["--smoke", "--tasks", "parity", "--variants", "full,topk", "--jobs", "1", "--threads", "1",
+            "--section", "semantic_focus_smoke_parity", "--results", str(results), "--plots-dir",
+            str(tmp_path / "plots"), "--output-dir", str(tmp_path / "runs")]
+    first = semantic_focus_bench.main(argv)
+    assert not any(run["reused"] for run in first["runs"]) and "reused" not in first["section"]
+    assert "## Semantic focus: full vs top-k attention on parity (smoke profile" in first["section"]
+    again = semantic_focus_bench.main(argv)
+    assert all(run["reused"] for run in again["runs"])
+    assert "2 of the runs reused from earlier invocations" in again["section"]
+    assert again["table"] == first["table"]
+    text = results.read_text()
+    assert "Even Pairs, kept" in text and text.count("<!-- semantic_focus_smoke_parity:start -->") == 1
+    assert (tmp_path / "plots" / "semantic_focus_smoke_parity.png").exists()
+
+
 def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys, semantic_focus_bench):
     for argv, expected in ((["--tasks", "even_pairs,missing_duplicates"], "--tasks: unknown missing_duplicates"),
-                           (["--variants", "full,dense"], "--variants: unknown dense")):
+                           (["--variants", "full,dense"], "--variants: unknown dense"),
+                           (["--section", "throughput"], "--section: expected a name like semantic_focus_parity")):
         with pytest.raises(SystemExit) as stopped:
             semantic_focus_bench.main(["--smoke", "--no-write", "--output-dir", str(tmp_path / "never"), *argv])
         assert stopped.value.code == 2
