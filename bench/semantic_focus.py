@@ -35,7 +35,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from results_file import add_output_arguments, save_figure, update_section  # noqa: E402
+from results_file import add_output_arguments, command_line, plot_link, save_figure, update_section  # noqa: E402
 
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
@@ -246,13 +246,13 @@ def main(argv=None) -> dict:
     (output_dir / "runs.json").write_text(json.dumps(runs, indent=1))
     table = summarise(runs, tasks, variants)
 
-    command = "python bench/semantic_focus.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = command_line("semantic_focus.py", argv)
     backbone = BACKBONE_TEXT[args.backbone]
     compared = " vs ".join(VARIANT_NAMES[v] for v in variants) + " attention"
     if args.section:  # a section beside the profile's own: say which tasks it holds
         compared += " on " + ", ".join(tasks)
     lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
-             f"`{command.strip()}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
+             f"`{command}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
              f"thread(s) each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
              f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, SPEC §4): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
@@ -279,14 +279,12 @@ def main(argv=None) -> dict:
         lines += ["", "Against the paper's claim (top-k learns faster than full; fixed patterns do not):", ""]
         lines += [f"- {task}: {verdict(table, task, args.epochs or settings[task][2])}" for task in tasks]
     section_name = args.section or f"semantic_focus{'' if name == 'default' else '_' + name}{suffix}"
-    plot_name = f"{section_name}.png"
-    lines += ["", f"![median accuracy per epoch with min–max band over seeds](plots/{plot_name})"]
+    png = (output_dir if args.no_write else pathlib.Path(args.plots_dir)) / f"{section_name}.png"
+    lines += ["", f"![median accuracy per epoch with min–max band over seeds]({plot_link(args.results, png)})"]
     section = "\n".join(line for line in lines if line is not None)
     print(section)
-    if args.no_write:
-        plot(runs, tasks, variants, output_dir / plot_name)
-    else:
-        plot(runs, tasks, variants, pathlib.Path(args.plots_dir) / plot_name)
+    plot(runs, tasks, variants, png)
+    if not args.no_write:
         update_section(section_name, section, args.results)
     return {"runs": runs, "table": table, "section": section}
 

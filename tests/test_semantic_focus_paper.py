@@ -169,6 +169,7 @@ def test_benchmark_writes_a_named_section_beside_the_others_and_reuses_finished_
     text = results.read_text()
     assert "Even Pairs, kept" in text and text.count("<!-- semantic_focus_smoke_parity:start -->") == 1
     assert (tmp_path / "plots" / "semantic_focus_smoke_parity.png").exists()
+    assert "](plots/semantic_focus_smoke_parity.png)" in again["section"]  # relative to the RESULTS.md given
 
 
 def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys, semantic_focus_bench):
