@@ -35,7 +35,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from results_file import add_output_arguments, command_line, plot_link, save_figure, update_section  # noqa: E402
+from results_file import (add_output_arguments, command_line, cpu_name, plot_link, save_figure,  # noqa: E402
+                          update_section)
 
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
@@ -128,12 +129,10 @@ def verdict(table, task, budget) -> str:
 
 def _run_time(runs) -> str:
     """Runs reused from an earlier invocation took no wall clock here: name them and the time their epochs took."""
-    reused = sum(r.get("reused", False) for r in runs)
+    reused = sum(r["reused"] for r in runs)
     if not reused:
         return ""
-    seconds = [e["seconds"] for r in runs for e in r["history"] if "seconds" in e]
-    if not seconds:
-        return f" ({reused} of the runs reused from earlier invocations)"
+    seconds = [epoch["seconds"] for r in runs for epoch in r["history"]]
     return (f" ({reused} of the runs reused from earlier invocations; the epochs of all {len(runs)} took "
             f"{sum(seconds) / 60:.0f} min of run time, median {statistics.median(seconds):.1f} s per epoch)")
 
@@ -176,14 +175,9 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     import torch
 
-    return f"{cpu}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}, torch {torch.__version__}"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}, torch {torch.__version__}"
 
 
 def main(argv=None) -> dict:
