@@ -102,18 +102,16 @@ def held_out_split(dataset: str, source_name: str = HELDOUT_SOURCE,
     return train_dir, held_out
 
 
+# Recipe fields that do not change the trained weights: a checkpoint differing only in these is reused.
+NOT_TRAINING = ("output_dir", "logging_steps", "disable_tqdm", "report_to", "save_steps", "save_total_limit",
+                "dataloader_num_workers", "eval_steps", "eval_max_batches", "per_device_eval_batch_size")
+
+
 def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
-    """Train (or reuse) one variant; returns its final checkpoint directory."""
-    from modeling_angpt.training import load_recipe, train
+    """Train (or reuse, see `trained`) one variant; returns its final checkpoint directory."""
+    from modeling_angpt.training import load_recipe
 
     out = checkpoint_dir(cfg, variant, seed)
-    metadata = out / "final" / "training_metadata.json"
-    if metadata.is_file():
-        trained_on = json.loads(metadata.read_text())["recipe"]["dataset"]
-        if trained_on != cfg["dataset"]:  # e.g. a run of --eval-corpus blocks beside one of heldout
-            raise SystemExit(f"--output-dir: {out} was trained on {trained_on}, not {cfg['dataset']} (use another "
-                             "--output-dir)")
-        return out / "final"
     d = cfg["hidden"]
     model_kwargs = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
                     "num_attention_heads": cfg["heads"], "max_position_embeddings": cfg["length"],
@@ -124,8 +122,27 @@ def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
                  f"eval_steps={max(1, cfg['steps'] // 5)}", "eval_max_batches=4", "save_steps=0",
                  "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=50",
                  f"model_kwargs={json.dumps(model_kwargs)}"]
-    result = train(load_recipe(cfg["recipe"], overrides), overwrite=True)  # an unfinished earlier try is redone
-    return result.final_dir
+    return trained(load_recipe(cfg["recipe"], overrides))
+
+
+def trained(recipe) -> pathlib.Path:
+    """OUTPUT_DIR/final of `recipe`: trained now, or reused when a finished checkpoint there was trained by the
+    same recipe. One trained otherwise (other steps, data, shape...) is refused in one line, never adopted or
+    overwritten; an unfinished earlier try (no final/) is redone."""
+    from modeling_angpt.training import train
+
+    final = pathlib.Path(recipe.output_dir) / "final"
+    metadata = final / "training_metadata.json"
+    if not metadata.is_file():
+        return train(recipe, overwrite=True).final_dir
+    before = json.loads(metadata.read_text())["recipe"]
+    wanted = json.loads(json.dumps(recipe.to_dict()))  # as stored: tuples become lists
+    # a key left None is filled at training time from the architecture's defaults, so the stored value differs
+    differ = [k for k in sorted(wanted) if k not in NOT_TRAINING and wanted[k] is not None and before.get(k) != wanted[k]]
+    if differ:  # e.g. a run of --steps 250 beside one of 1500, or --eval-corpus blocks beside heldout
+        what = ", ".join(f"{k} {before.get(k)!r} (this run: {wanted.get(k)!r})" for k in differ[:3])
+        raise SystemExit(f"--output-dir: {final.parent} was trained with {what}; use another --output-dir")
+    return final
 
 
 def load(checkpoint: pathlib.Path, device: str):

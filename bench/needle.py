@@ -33,19 +33,17 @@ FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, examples=50, multiples=[1,
 
 
 def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.Path:
-    """Fine-tune one base checkpoint with the needle recipe (or reuse a finished fine-tuning)."""
-    from modeling_angpt.training import load_recipe, train
+    """Fine-tune one base checkpoint with the needle recipe (or reuse a finished fine-tuning of the same recipe)."""
+    from modeling_angpt.training import load_recipe
 
     out = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune"
-    if (out / "final" / "training_metadata.json").is_file():
-        return out / "final"
     overrides = [f"init_from={base}", f"dataset={cfg['dataset']}", f"block_size={cfg['length']}",
                  f"tokenizer_vocab_size={cfg['vocab']}", f"max_steps={cfg['ft_steps']}",
                  f"per_device_train_batch_size={cfg['ft_batch']}", f"learning_rate={cfg['ft_lr']}", f"seed={seed}",
                  f"output_dir={out}", f"eval_steps={max(1, cfg['ft_steps'] // 3)}", "eval_max_batches=2",
                  f"save_steps={cfg['ft_save_steps']}", f"save_total_limit={0 if cfg['ft_save_steps'] else 1}",
                  "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=20"]
-    return train(load_recipe(cfg["needle_recipe"], overrides), overwrite=True).final_dir  # unfinished: redone
+    return lg.trained(load_recipe(cfg["needle_recipe"], overrides))
 
 
 def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:

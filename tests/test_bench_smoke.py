@@ -94,7 +94,8 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
 
 def test_length_generalisation_eval_corpus_options(bench, tmp_path):
     """--eval-corpus blocks keeps the earlier evaluation (validation blocks, training on --dataset itself);
-    --eval-corpus FILE evaluates on FILE; a checkpoint trained on other data is not silently reused."""
+    --eval-corpus FILE evaluates on FILE; a checkpoint trained on other data or for other steps is refused in one
+    line, neither reused nor overwritten."""
     out, results, corpus, recipe = bench
     import length_generalisation
 
@@ -109,8 +110,12 @@ def test_length_generalisation_eval_corpus_options(bench, tmp_path):
     length_generalisation.main([*models, "--eval-corpus", str(corpus), *out])
     evaluated = json.loads((tmp_path / "runs" / "nope-s0" / "length_eval" / "length.json").read_text())
     assert evaluated["source"].startswith(str(corpus))
-    with pytest.raises(SystemExit, match="was trained on"):
+    with pytest.raises(SystemExit, match="was trained with dataset"):
         length_generalisation.main([*models, *out])  # heldout trains on the split, not on corpus itself
+    longer = [*models[:models.index("--steps")], "--steps", "2", *models[models.index("--steps") + 2:]]
+    with pytest.raises(SystemExit, match=r"max_steps 1 \(this run: 2\); use another --output-dir"):
+        length_generalisation.main([*longer, "--eval-corpus", "blocks", *out])  # not adopted as a 2-step model
+    assert json.loads((tmp_path / "runs" / "nope-s0" / "final" / "training_metadata.json").read_text()) == trained
 
 
 def test_needle_number_recall(bench, tmp_path):
