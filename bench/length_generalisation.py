@@ -11,7 +11,7 @@ GPT with QK-norm), shape, data, seed and recipe; only the attention config diffe
 checkpoint is kept under OUTPUT_DIR/<variant>-s<seed>/final (bench/needle.py fine-tunes the same ones), and a
 finished training or evaluation is reused when the script runs again.
 
-    python bench/length_generalisation.py                 # d=128, 4 layers, L=256, 1500 steps (~1 h on 2 cores)
+    python bench/length_generalisation.py --jobs 2 --threads 1   # d=128, 4 layers, L=256, 1500 steps (~35 min, 2 cores)
     python bench/length_generalisation.py --size quick    # minutes
     python bench/length_generalisation.py --device        # d=768, 12 layers, L=1024 on a GPU
 
@@ -267,7 +267,9 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=1)
-    parser.add_argument("--threads", type=int, help="torch threads on the CPU")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="models trained in parallel (processes; on a 2-core CPU, --jobs 2 --threads 1)")
+    parser.add_argument("--threads", type=int, help="torch threads per job on the CPU (default: cores / jobs)")
     parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
     parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
     parser.add_argument("--eval-corpus", default="heldout",
@@ -293,21 +295,64 @@ def resolve(args) -> dict:
         if not pathlib.Path(cfg["eval_corpus"]).is_file():
             raise SystemExit(f"--eval-corpus {cfg['eval_corpus']}: expected 'heldout', 'blocks' or a text file")
         cfg["eval_file"] = cfg["eval_corpus"]
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        raise SystemExit(f"--jobs {args.jobs} / --threads {args.threads}: expected positive integers")
+    if args.jobs > 1 and args.device:
+        raise SystemExit("--jobs: one job at a time on a GPU (--device); drop --jobs")
+    cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    torch.set_num_threads(cfg["threads"])  # the machine line names what each job used
     return cfg
+
+
+def for_each_model(cfg: dict, work) -> dict:
+    """{variant: [work(cfg, variant, seed) for each seed]}, --jobs at a time in spawned processes. `work` is a
+    module-level function (it is pickled by name). With several jobs the tokenizer and packed blocks are built
+    first, once, so the jobs do not race to build them."""
+    tasks = [(variant, seed) for variant in cfg["variants"] for seed in range(cfg["seeds"])]
+    if cfg["jobs"] > 1 and len(tasks) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        prepare_data(cfg)
+        with ProcessPoolExecutor(min(cfg["jobs"], len(tasks)), mp_context=get_context("spawn")) as pool:
+            done = list(pool.map(_in_worker, [(work, cfg, variant, seed) for variant, seed in tasks]))
+    else:
+        done = [work(cfg, variant, seed) for variant, seed in tasks]
+    results = {variant: [] for variant in cfg["variants"]}
+    for (variant, _), result in zip(tasks, done):
+        results[variant].append(result)
+    return results
+
+
+def _in_worker(job):
+    import torch
+
+    work, cfg, variant, seed = job
+    torch.set_num_threads(cfg["threads"])
+    return work(cfg, variant, seed)
+
+
+def prepare_data(cfg: dict) -> None:
+    """The tokenizer and packed blocks every model trains on, built (or found cached) in this process."""
+    import contextlib
+
+    from modeling_angpt.training import load_recipe
+    from modeling_angpt.training.data import build_datasets, resolve_source
+
+    recipe = load_recipe(cfg["recipe"], [f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
+                                         f"block_size={cfg['length']}"])
+    build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+
+
+def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
+    return evaluate_variant(cfg, variant, seed, train_variant(cfg, variant, seed))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_arguments(parser)
     cfg = resolve(parser.parse_args(argv))
-    results = {}
-    for variant in cfg["variants"]:
-        results[variant] = []
-        for seed in range(cfg["seeds"]):
-            checkpoint = train_variant(cfg, variant, seed)
-            results[variant].append(evaluate_variant(cfg, variant, seed, checkpoint))
+    results = for_each_model(cfg, train_and_evaluate)
     png = pathlib.Path(cfg["plots_dir"]) / "length_generalisation.png"
     text = section(results, cfg, rf.command_line("length_generalisation.py", argv), rf.plot_link(cfg["results"], png))
     print(text)

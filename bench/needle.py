@@ -10,7 +10,7 @@ missing, with the same size options). Fine-tuning = `angpt train` on the needle 
 needle, loss on the answer only) with init_from = the base checkpoint; evaluation = the needle evaluator
 (`angpt eval --suite needle`) on haystacks built from held-out text.
 
-    python bench/needle.py                    # the length-generalisation default models, 300 fine-tuning steps
+    python bench/needle.py --jobs 2 --threads 1   # the length-generalisation default models, 300 fine-tuning steps
     python bench/needle.py --size quick       # minutes
     python bench/needle.py --device           # on a GPU, the device-size models
 """
@@ -131,6 +131,10 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     rf.save_figure(figure, path)
 
 
+def finetune_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
+    return evaluate(cfg, variant, seed, finetune(cfg, variant, seed, lg.train_variant(cfg, variant, seed)))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     lg.common_arguments(parser)
@@ -147,12 +151,7 @@ def main(argv=None):
             setattr(args, key, value)
     cfg = lg.resolve(args)
     cfg.setdefault("ft_lr", cfg["lr"])
-    results = {}
-    for variant in cfg["variants"]:
-        results[variant] = []
-        for seed in range(cfg["seeds"]):
-            base = lg.train_variant(cfg, variant, seed)
-            results[variant].append(evaluate(cfg, variant, seed, finetune(cfg, variant, seed, base)))
+    results = lg.for_each_model(cfg, finetune_and_evaluate)
     png = pathlib.Path(cfg["plots_dir"]) / "needle.png"
     text = section(results, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
     print(text)

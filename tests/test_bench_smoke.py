@@ -118,6 +118,24 @@ def test_length_generalisation_eval_corpus_options(bench, tmp_path):
     assert json.loads((tmp_path / "runs" / "nope-s0" / "final" / "training_metadata.json").read_text()) == trained
 
 
+def test_length_generalisation_jobs_train_the_same_models_as_one_job(bench, tmp_path):
+    """--jobs 2 trains and evaluates the models in two spawned processes; the losses are those of one process."""
+    out, results, corpus, recipe = bench
+    import length_generalisation
+
+    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "1", "--variants", "RoPE", "NoPE", "--windows",
+              "1", "--eval-corpus", "blocks", "--dataset", str(corpus), "--recipe", str(recipe)]
+    for jobs in ("1", "2"):
+        length_generalisation.main([*models, "--jobs", jobs, "--output-dir", str(tmp_path / f"jobs{jobs}"), *out])
+    for variant in ("rope", "nope"):
+        one, two = (json.loads((tmp_path / f"jobs{j}" / f"{variant}-s0" / "length_eval" / "summary.json").read_text())
+                    for j in ("1", "2"))
+        assert one["loss"] == two["loss"]
+    assert "| NoPE |" in results.read_text()
+    with pytest.raises(SystemExit, match="--jobs 0"):
+        length_generalisation.main([*models, "--jobs", "0", *out])
+
+
 def test_needle_number_recall(bench, tmp_path):
     """The diagnostic counts a needle when its number is a whole digit run of the answer's first line, with any
     city; a number only inside a longer run, or after the newline, does not count."""
