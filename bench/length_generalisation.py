@@ -295,8 +295,9 @@ def resolve(args) -> dict:
         if not pathlib.Path(cfg["eval_corpus"]).is_file():
             raise SystemExit(f"--eval-corpus {cfg['eval_corpus']}: expected 'heldout', 'blocks' or a text file")
         cfg["eval_file"] = cfg["eval_corpus"]
-    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
-        raise SystemExit(f"--jobs {args.jobs} / --threads {args.threads}: expected positive integers")
+    for name in ("jobs", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise SystemExit(f"--{name} {getattr(args, name)}: expected a positive integer")
     if args.jobs > 1 and args.device:
         raise SystemExit("--jobs: one job at a time on a GPU (--device); drop --jobs")
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)

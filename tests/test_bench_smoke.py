@@ -132,7 +132,7 @@ def test_length_generalisation_jobs_train_the_same_models_as_one_job(bench, tmp_
                     for j in ("1", "2"))
         assert one["loss"] == two["loss"]
     assert "| NoPE |" in results.read_text()
-    with pytest.raises(SystemExit, match="--jobs 0"):
+    with pytest.raises(SystemExit, match="--jobs 0: expected a positive integer"):
         length_generalisation.main([*models, "--jobs", "0", *out])
 
 
