@@ -48,6 +48,8 @@ VARIANTS = {
     "scale-invariant p-RoPE": {"rope_parameters": P_ROPE, "attention_logit_transform": "scale_invariant",
                                "scale_invariant_tau": 10.0},
 }
+# Settings outside SIZES whose non-default values a section names.
+DEFAULTS = {"arch": "gptplus", "seeds": 1, "p_rope_base": P_ROPE["effective_base"]}
 SIZES = {
     "default": dict(hidden=128, layers=4, heads=4, vocab=8192, length=256, batch=8, steps=1500, lr=2e-3,
                     windows=16, multiples=[1, 4, 16]),
@@ -107,6 +109,12 @@ NOT_TRAINING = ("output_dir", "logging_steps", "disable_tqdm", "report_to", "sav
                 "dataloader_num_workers", "eval_steps", "eval_max_batches", "per_device_eval_batch_size")
 
 
+def with_p_rope_base(attention: dict, base: float) -> dict:
+    """The variant's attention config with p-RoPE's slowest frequency 1/base (the p-RoPE variants only)."""
+    rope = attention["rope_parameters"]
+    return {**attention, "rope_parameters": {**rope, "effective_base": base}} if "effective_base" in rope else attention
+
+
 def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
     """Train (or reuse, see `trained`) one variant; returns its final checkpoint directory."""
     from modeling_angpt.training import load_recipe
@@ -115,7 +123,7 @@ def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
     d = cfg["hidden"]
     model_kwargs = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
                     "num_attention_heads": cfg["heads"], "max_position_embeddings": cfg["length"],
-                    **VARIANTS[variant]}
+                    **with_p_rope_base(VARIANTS[variant], cfg["p_rope_base"])}
     overrides = [f"architecture={cfg['arch']}", f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
                  f"block_size={cfg['length']}", f"per_device_train_batch_size={cfg['batch']}",
                  f"max_steps={cfg['steps']}", f"learning_rate={cfg['lr']}", f"seed={seed}", f"output_dir={out}",
@@ -195,7 +203,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              + eval_description(cfg) + f", {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each "
              "length (the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
              "LogN+p-RoPE 3.256/3.262/3.317, scale-invariant p-RoPE 3.244/3.235/3.247.", "",
-             rf.changed_settings(cfg, {**SIZES[cfg["size"]], "arch": "gptplus", "seeds": 1}, cfg["size"]), "",
+             rf.changed_settings(cfg, {**SIZES[cfg["size"]], **DEFAULTS}, cfg["size"]), "",
              "| variant | " + " | ".join(f"loss at {m}L ({m * cfg['length']})" for m in ms)
              + f" | {ms[-1]}L − L |", "|---|" + "---|" * (len(ms) + 1)]
     for variant, by_seed in results.items():
@@ -264,6 +272,8 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     for name in ("hidden", "layers", "heads", "vocab", "length", "batch", "steps", "windows"):
         parser.add_argument(f"--{name}", type=int, help="override the size's value")
     parser.add_argument("--lr", type=float, help="override the size's peak learning rate")
+    parser.add_argument("--p-rope-base", type=float, default=P_ROPE["effective_base"],
+                        help="p-RoPE's pairs turn at 1 … 1/BASE radians per token (default 1024, the paper's at L=4k)")
     parser.add_argument("--arch", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=1)

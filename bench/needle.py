@@ -91,8 +91,8 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              f"{cfg['examples']} held-out haystacks per length, three needles each, greedy decoding; accuracy = share "
              "of needles with city and number right. Paper at 64k after fine-tuning at 4k: scale-invariant p-RoPE "
              "0.969, LogN+p-RoPE 0.939, the others ≤ 0.06.", "",
-             rf.changed_settings(cfg, {**lg.SIZES[cfg["size"]], **FINETUNE[cfg["size"]], "ft_lr": lg.SIZES[cfg["size"]]["lr"]},
-                                 cfg["size"]), "",
+             rf.changed_settings(cfg, {**lg.SIZES[cfg["size"]], **lg.DEFAULTS, **FINETUNE[cfg["size"]],
+                                       "ft_lr": lg.SIZES[cfg["size"]]["lr"]}, cfg["size"]), "",
              "| variant | " + " | ".join(f"accuracy at {m}L ({m * cfg['length']})" for m in ms) + " | "
              + " | ".join(f"numbers recalled at {m}L" for m in ms) + " |",
              "|---|" + "---|" * 2 * len(ms)]

@@ -90,6 +90,13 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     evaluated = json.loads((tmp_path / "runs" / "rope-s0" / "length_eval" / "length.json").read_text())
     assert evaluated["source"].startswith(str(split / "corpus_heldout.txt"))
     assert "contiguous held-out text" in text.split("<!-- length_generalisation:start -->")[1]
+    # --p-rope-base changes the p-RoPE variants' slowest frequency only, and the section names it
+    length_generalisation.main([*models[:models.index("--output-dir")], "--output-dir", str(tmp_path / "base64"),
+                                "--windows", "1", "--p-rope-base", "64", *out])
+    for variant, base in (("scale-invariant_p-rope", 64.0), ("rope", None)):
+        config = json.loads((tmp_path / "base64" / f"{variant}-s0" / "final" / "config.json").read_text())
+        assert config["rope_parameters"].get("effective_base") == base
+    assert "p_rope_base 64.0 (default 1024.0)" in results.read_text().split("<!-- length_generalisation:start -->")[1]
 
 
 def test_length_generalisation_eval_corpus_options(bench, tmp_path):
