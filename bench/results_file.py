@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 import platform
+import re
 import shlex
 import sys
 
@@ -17,7 +18,8 @@ def update_section(name: str, body: str, path: pathlib.Path | str = RESULTS) -> 
     """Replace the section `name` (or append it) and leave the other sections alone."""
     path = pathlib.Path(path)
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    section = f"{start}\n{body.strip()}\n{end}"
+    body = re.sub(r"\n{3,}", "\n\n", body.strip())  # an empty optional line leaves one blank line, not three
+    section = f"{start}\n{body}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     if start in text and end in text:
         text = text[: text.index(start)] + section + text[text.index(end) + len(end):]
