@@ -77,12 +77,7 @@ def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
 
 def prepare_data(cfg: dict) -> None:
     """Tokenizer and packed blocks, built once and cached before the workers start (they would race)."""
-    import contextlib
-
-    from modeling_angpt.training.data import build_datasets, resolve_source
-
-    recipe = recipe_for({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, pathlib.Path(cfg["output_dir"]))
-    build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+    rf.build_data(recipe_for({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, pathlib.Path(cfg["output_dir"])))
 
 
 def run_one(spec: dict, cfg: dict) -> dict:
@@ -394,11 +389,12 @@ def main(argv=None):
     png = pathlib.Path(cfg["plots_dir"]) / "convergence.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)
 
-    def report(results: list[dict]) -> str:
-        import torch
+    import torch
 
+    torch.set_num_threads(cfg["threads"])  # the machine line names the runs' thread count, not this process's
+
+    def report(results: list[dict]) -> str:
         summary = summarise(results, cfg)
-        torch.set_num_threads(cfg["threads"])  # the machine line names the runs' thread count, not this process's
         cfg["machine"] = rf.machine_line()
         text = section(summary, cfg, command)
         if not cfg["no_write"]:

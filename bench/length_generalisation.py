@@ -146,7 +146,8 @@ def trained(recipe) -> pathlib.Path:
     before = json.loads(metadata.read_text())["recipe"]
     wanted = json.loads(json.dumps(recipe.to_dict()))  # as stored: tuples become lists
     # a key left None is filled at training time from the architecture's defaults, so the stored value differs
-    differ = [k for k in sorted(wanted) if k not in NOT_TRAINING and wanted[k] is not None and before.get(k) != wanted[k]]
+    differ = [k for k in sorted(wanted)
+              if k not in NOT_TRAINING and wanted[k] is not None and before.get(k) != wanted[k]]
     if differ:  # e.g. a run of --steps 250 beside one of 1500, or --eval-corpus blocks beside heldout
         what = ", ".join(f"{k} {before.get(k)!r} (this run: {wanted.get(k)!r})" for k in differ[:3])
         raise SystemExit(f"--output-dir: {final.parent} was trained with {what}; use another --output-dir")
@@ -273,7 +274,8 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(f"--{name}", type=int, help="override the size's value")
     parser.add_argument("--lr", type=float, help="override the size's peak learning rate")
     parser.add_argument("--p-rope-base", type=float, default=P_ROPE["effective_base"],
-                        help="p-RoPE's pairs turn at 1 … 1/BASE radians per token (default 1024, the paper's at L=4k)")
+                        help="p-RoPE's pairs turn at 1 … 1/BASE radians per token (default 1024, the paper's "
+                             "at L=4k)")
     parser.add_argument("--arch", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=1)
@@ -305,9 +307,9 @@ def resolve(args) -> dict:
         if not pathlib.Path(cfg["eval_corpus"]).is_file():
             raise SystemExit(f"--eval-corpus {cfg['eval_corpus']}: expected 'heldout', 'blocks' or a text file")
         cfg["eval_file"] = cfg["eval_corpus"]
-    for name in ("jobs", "threads"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise SystemExit(f"--{name} {getattr(args, name)}: expected a positive integer")
+    for name, value in (("jobs", args.jobs), ("threads", args.threads)):
+        if value is not None and value < 1:
+            raise SystemExit(f"--{name} {value}: expected a positive integer")
     if args.jobs > 1 and args.device:
         raise SystemExit("--jobs: one job at a time on a GPU (--device); drop --jobs")
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
@@ -344,15 +346,11 @@ def _in_worker(job):
 
 
 def prepare_data(cfg: dict) -> None:
-    """The tokenizer and packed blocks every model trains on, built (or found cached) in this process."""
-    import contextlib
-
+    """The tokenizer and packed blocks every model trains on."""
     from modeling_angpt.training import load_recipe
-    from modeling_angpt.training.data import build_datasets, resolve_source
 
-    recipe = load_recipe(cfg["recipe"], [f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
-                                         f"block_size={cfg['length']}"])
-    build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+    rf.build_data(load_recipe(cfg["recipe"], [f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
+                                              f"block_size={cfg['length']}"]))
 
 
 def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:

@@ -1,5 +1,6 @@
 """What the benchmark scripts share: bench/RESULTS.md (each script owns one section between its own markers),
-bench/plots/, and the line that names the machine, the versions and the exact command."""
+bench/plots/, the line that names the machine, the versions and the exact command, and the data built once before
+parallel runs."""
 from __future__ import annotations
 
 import os
@@ -27,6 +28,16 @@ def update_section(name: str, body: str, path: pathlib.Path | str = RESULTS) -> 
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def build_data(recipe) -> None:
+    """The tokenizer and packed blocks of `recipe`, built (or found cached) in this process: parallel runs started
+    afterwards find them cached instead of racing to build them."""
+    import contextlib
+
+    from modeling_angpt.training.data import build_datasets, resolve_source
+
+    build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
 
 
 def add_output_arguments(parser) -> None:
