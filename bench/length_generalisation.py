@@ -15,6 +15,9 @@ finished training or evaluation is reused when the script runs again.
     python bench/length_generalisation.py --size quick    # minutes
     python bench/length_generalisation.py --device        # d=768, 12 layers, L=1024 on a GPU
 
+`--split-digits` trains the BPE with every digit its own token (the recipe key tokenizer_split_digits), for models
+that copy numbers (bench/needle.py); those models need their own --output-dir and get their own sections.
+
 Held-out text (--eval-corpus): by default the last HELDOUT_CHARS characters of one corpus file (linux_docs.txt
 of bench/corpus: the kernel's KVM API document) are split off, cut at a paragraph break, and the models train
 on the rest (DATASET/.length_split/: the other files linked, that file's head copied), so every window
@@ -49,7 +52,7 @@ VARIANTS = {
                                "scale_invariant_tau": 10.0},
 }
 # Settings outside SIZES whose non-default values a section names.
-DEFAULTS = {"arch": "gptplus", "seeds": 1, "p_rope_base": P_ROPE["effective_base"]}
+DEFAULTS = {"arch": "gptplus", "seeds": 1, "p_rope_base": P_ROPE["effective_base"], "split_digits": False}
 SIZES = {
     "default": dict(hidden=128, layers=4, heads=4, vocab=8192, length=256, batch=8, steps=1500, lr=2e-3,
                     windows=16, multiples=[1, 4, 16]),
@@ -129,8 +132,27 @@ def train_variant(cfg: dict, variant: str, seed: int) -> pathlib.Path:
                  f"max_steps={cfg['steps']}", f"learning_rate={cfg['lr']}", f"seed={seed}", f"output_dir={out}",
                  f"eval_steps={max(1, cfg['steps'] // 5)}", "eval_max_batches=4", "save_steps=0",
                  "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=50",
-                 f"model_kwargs={json.dumps(model_kwargs)}"]
+                 f"model_kwargs={json.dumps(model_kwargs)}", *tokenizer_overrides(cfg)]
     return trained(load_recipe(cfg["recipe"], overrides))
+
+
+def tokenizer_overrides(cfg: dict) -> list[str]:
+    """--split-digits: a BPE with one token per digit (its own cached tokenizer and blocks)."""
+    return ["tokenizer_split_digits=true"] if cfg["split_digits"] else []
+
+
+def section_name(base: str, cfg: dict) -> str:
+    """RESULTS.md section and plot name: models with split digits get their own, beside the default's."""
+    return base + ("_split_digits" if cfg["split_digits"] else "")
+
+
+def title_suffix(cfg: dict) -> str:
+    return ", digits split one per token" if cfg["split_digits"] else ""
+
+
+def tokenizer_text(cfg: dict) -> str:
+    return f"vocab {cfg['vocab']}" + (" (byte-level BPE, every digit its own token: `--split-digits`)"
+                                      if cfg["split_digits"] else "")
 
 
 def trained(recipe) -> pathlib.Path:
@@ -138,6 +160,7 @@ def trained(recipe) -> pathlib.Path:
     same recipe. One trained otherwise (other steps, data, shape...) is refused in one line, never adopted or
     overwritten; an unfinished earlier try (no final/) is redone."""
     from modeling_angpt.training import train
+    from modeling_angpt.training.recipe import Recipe
 
     final = pathlib.Path(recipe.output_dir) / "final"
     metadata = final / "training_metadata.json"
@@ -145,6 +168,8 @@ def trained(recipe) -> pathlib.Path:
         return train(recipe, overwrite=True).final_dir
     before = json.loads(metadata.read_text())["recipe"]
     wanted = json.loads(json.dumps(recipe.to_dict()))  # as stored: tuples become lists
+    # a key newer than the checkpoint had its default then (e.g. tokenizer_split_digits)
+    before = {**json.loads(json.dumps(Recipe().to_dict())), **before}
     # a key left None is filled at training time from the architecture's defaults, so the stored value differs
     differ = [k for k in sorted(wanted)
               if k not in NOT_TRAINING and wanted[k] is not None and before.get(k) != wanted[k]]
@@ -194,10 +219,11 @@ def summary_row(losses_by_seed: list[dict], multiples: list[int]) -> list[str]:
 
 def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
     ms = cfg["multiples"]
-    lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)", "",
+    lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)"
+             + title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
-             f"(d_h={cfg['hidden'] // cfg['heads']}), vocab {cfg['vocab']}, trained at L={cfg['length']} for "
+             f"(d_h={cfg['hidden'] // cfg['heads']}), {tokenizer_text(cfg)}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
              f"recipe) on `{shown(cfg, cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
              "config. Evaluated by `modeling_angpt.evaluation.length.run_suite` (= `angpt eval --suite length`) on "
@@ -277,6 +303,9 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="p-RoPE's pairs turn at 1 … 1/BASE radians per token (default 1024, the paper's "
                              "at L=4k)")
     parser.add_argument("--arch", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
+    parser.add_argument("--split-digits", action="store_true",
+                        help="train the BPE with every digit its own token (as Llama's and Qwen's), so a number is "
+                             "the same tokens wherever it stands; own models (--output-dir) and results section")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=1,
@@ -350,7 +379,7 @@ def prepare_data(cfg: dict) -> None:
     from modeling_angpt.training import load_recipe
 
     rf.build_data(load_recipe(cfg["recipe"], [f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
-                                              f"block_size={cfg['length']}"]))
+                                              f"block_size={cfg['length']}", *tokenizer_overrides(cfg)]))
 
 
 def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
@@ -362,12 +391,12 @@ def main(argv=None):
     common_arguments(parser)
     cfg = resolve(parser.parse_args(argv))
     results = for_each_model(cfg, train_and_evaluate)
-    png = pathlib.Path(cfg["plots_dir"]) / "length_generalisation.png"
+    png = pathlib.Path(cfg["plots_dir"]) / f"{section_name('length_generalisation', cfg)}.png"
     text = section(results, cfg, rf.command_line("length_generalisation.py", argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
         plot(results, cfg, png)
-        rf.update_section("length_generalisation", text, cfg["results"])
+        rf.update_section(section_name("length_generalisation", cfg), text, cfg["results"])
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ needle, loss on the answer only) with init_from = the base checkpoint; evaluatio
     python bench/needle.py --jobs 2 --threads 1   # the length-generalisation default models, 300 fine-tuning steps
     python bench/needle.py --size quick       # minutes
     python bench/needle.py --device           # on a GPU, the device-size models
+    python bench/needle.py --jobs 2 --threads 1 --split-digits --output-dir runs/length_digits
+                                              # base models whose tokenizer splits digits (own section)
 """
 from __future__ import annotations
 
@@ -82,9 +84,11 @@ def number_recall(cfg: dict, variant: str, seed: int) -> dict:
 
 def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
     ms = cfg["multiples"]
-    lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)", "",
+    lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
+             + lg.title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              f"Base models: the length-generalisation models ({cfg['arch']}, d={cfg['hidden']}, {cfg['layers']} layers, "
+             f"{lg.tokenizer_text(cfg)}, "
              f"trained at L={cfg['length']} for {cfg['steps']} steps). Each fine-tuned {cfg['ft_steps']} steps × "
              f"{cfg['ft_batch']} needle examples of L tokens at lr {cfg['ft_lr']:g} (`{pathlib.Path(cfg['needle_recipe']).name}`: "
              "loss on the answer only), then evaluated by `modeling_angpt.evaluation.needle.run_suite` on "
@@ -152,12 +156,12 @@ def main(argv=None):
     cfg = lg.resolve(args)
     cfg.setdefault("ft_lr", cfg["lr"])
     results = lg.for_each_model(cfg, finetune_and_evaluate)
-    png = pathlib.Path(cfg["plots_dir"]) / "needle.png"
+    png = pathlib.Path(cfg["plots_dir"]) / f"{lg.section_name('needle', cfg)}.png"
     text = section(results, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
         plot(results, cfg, png)
-        rf.update_section("needle", text, cfg["results"])
+        rf.update_section(lg.section_name("needle", cfg), text, cfg["results"])
 
 
 if __name__ == "__main__":

@@ -125,6 +125,45 @@ def test_length_generalisation_eval_corpus_options(bench, tmp_path):
     assert json.loads((tmp_path / "runs" / "nope-s0" / "final" / "training_metadata.json").read_text()) == trained
 
 
+def test_split_digits_models_get_their_own_tokenizer_sections_and_are_never_mixed_with_others(bench, tmp_path):
+    """--split-digits: the base models' tokenizer gives every digit its own token, the length and needle sections
+    and plots are written beside the default ones, and a directory of models trained either way is refused for
+    the other way (a checkpoint from before the recipe key existed counts as trained without it)."""
+    out, results, corpus, recipe = bench
+    import length_generalisation
+    import needle
+    from transformers import AutoTokenizer
+
+    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "1", "--variants", "NoPE", "--windows", "1",
+              "--dataset", str(corpus), "--recipe", str(recipe)]
+    length_generalisation.main([*models, "--output-dir", str(tmp_path / "plain"), *out])
+    length_generalisation.main([*models, "--output-dir", str(tmp_path / "digits"), "--split-digits", *out])
+    needle_recipe = tmp_path / "needle.yaml"
+    needle_recipe.write_text((BENCH.parent / "configuration/recipes/needle_finetune.yaml").read_text()
+                             + "\nneedle_examples: 16\nbf16: false\n")
+    needle.main([*models, "--output-dir", str(tmp_path / "digits"), "--split-digits", "--ft-steps", "1",
+                 "--ft-batch", "2", "--examples", "1", "--needle-recipe", str(needle_recipe), *out])
+    text = results.read_text()
+    for name in ("length_generalisation", "length_generalisation_split_digits", "needle_split_digits"):
+        assert f"<!-- {name}:start -->" in text
+    assert "every digit its own token" in text.split("<!-- needle_split_digits:start -->")[1]
+    assert "every digit its own token" not in text.split("<!-- length_generalisation:start -->")[1].split(":end")[0]
+    assert (tmp_path / "plots" / "needle_split_digits.png").is_file()
+    base = tmp_path / "digits" / "nope-s0"
+    for checkpoint in (base / "final", base / "needle_finetune" / "final"):  # fine-tuning keeps the base's ids
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+        assert tokenizer.tokenize("=9004803;")[1:8] == list("9004803")
+    with pytest.raises(SystemExit, match=r"tokenizer_split_digits False \(this run: True\)"):
+        length_generalisation.main([*models, "--output-dir", str(tmp_path / "plain"), "--split-digits", *out])
+    with pytest.raises(SystemExit, match=r"tokenizer_split_digits True \(this run: False\)"):
+        length_generalisation.main([*models, "--output-dir", str(tmp_path / "digits"), *out])
+    metadata = tmp_path / "plain" / "nope-s0" / "final" / "training_metadata.json"
+    older = json.loads(metadata.read_text())
+    del older["recipe"]["tokenizer_split_digits"]  # as written before the key existed
+    metadata.write_text(json.dumps(older))
+    length_generalisation.main([*models, "--output-dir", str(tmp_path / "plain"), *out])  # reused, not refused
+
+
 def test_length_generalisation_jobs_train_the_same_models_as_one_job(bench, tmp_path):
     """--jobs 2 trains and evaluates the models in two spawned processes; the losses are those of one process."""
     out, results, corpus, recipe = bench

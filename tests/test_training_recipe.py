@@ -120,3 +120,50 @@ def test_a_dataset_directory_ignores_the_cache_written_beside_it(tmp_path):
     cache.mkdir(parents=True)
     (cache / "tokenizer.json").write_text("{}")  # what a first run leaves behind
     assert [p.rsplit("/", 1)[-1] for p in resolve_source(str(tmp_path)).files] == ["a.txt"]
+
+
+def _corpus_with_numbers(tmp_path):
+    import random
+
+    rng = random.Random(0)
+    tmp_path.mkdir()
+    lines = [f"Order {rng.randint(1000, 99999)} shipped on day {rng.randint(1, 31)} for {rng.randint(10, 999)} units."
+             for _ in range(3000)]
+    (tmp_path / "numbers.txt").write_text("\n\n".join(lines))
+    return tmp_path
+
+
+def _trained_tokenizer(corpus, tmp_path, **keys):
+    from modeling_angpt.training.data import get_tokenizer, load_texts, resolve_source
+
+    recipe = recipe_from_dict({"dataset": str(corpus), "tokenizer_vocab_size": 400, **keys})
+    source = resolve_source(recipe.dataset)
+    return get_tokenizer(recipe, source, load_texts(source, recipe), tmp_path / "cache")
+
+
+def test_split_digits_makes_a_number_the_same_digit_tokens_wherever_it_stands(tmp_path):
+    corpus = _corpus_with_numbers(tmp_path / "data")
+    plain = _trained_tokenizer(corpus, tmp_path)
+    split = _trained_tokenizer(corpus, tmp_path, tokenizer_split_digits=True)
+    assert plain.name_or_path != split.name_or_path  # cached apart: neither run adopts the other's tokenizer
+
+    def number_tokens(tokenizer, text):
+        pieces = tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])
+        return [p for p in pieces if any(c.isdigit() for c in p)], tokenizer.decode(tokenizer(text)["input_ids"])
+
+    for text in ("The magic number is 9004803.", "Answer: Lima=9004803;Riga=1234567"):
+        tokens, decoded = number_tokens(split, text)
+        assert decoded == text
+        assert all(len(t) == 1 for t in tokens)  # one token per digit, never merged with text or other digits
+    in_needle = split(" is 9004803.")["input_ids"]
+    in_answer = split("=9004803;")["input_ids"]
+    digits = [split.convert_tokens_to_ids(d) for d in "9004803"]
+    for ids in (in_needle, in_answer):
+        assert any(ids[i:i + 7] == digits for i in range(len(ids) - 6))
+    # the oracle: trained on the same numbers-heavy text, the plain BPE does merge digits
+    assert any(len(t) > 1 for t in number_tokens(plain, "Order 12345 shipped")[0])
+
+
+def test_split_digits_with_a_named_tokenizer_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="tokenizer_split_digits"):
+        recipe_from_dict({"tokenizer": "gpt2", "tokenizer_split_digits": True})

@@ -128,13 +128,17 @@ def limit_chars(ds, column: str, max_chars: int | None):
     return Dataset.from_dict({column: texts})
 
 
-def train_bpe(text_batches, vocab_size: int, out_dir: Path):
-    """Byte-level BPE with `tokenizers`, saved with save_pretrained so AutoTokenizer reloads it."""
+def train_bpe(text_batches, vocab_size: int, out_dir: Path, split_digits: bool = False):
+    """Byte-level BPE with `tokenizers`, saved with save_pretrained so AutoTokenizer reloads it. `split_digits`
+    isolates every digit before the byte-level split, so no merge spans digits: a number is the same tokens
+    wherever it stands (` 9004803.` and `=9004803;` share the seven digit tokens), which copying tasks need."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -161,15 +165,19 @@ def get_tokenizer(recipe, source: DataSource, ds, cache_dir: Path):
     if recipe.tokenizer or from_checkpoint:
         tok = AutoTokenizer.from_pretrained(recipe.tokenizer or recipe.init_from)
     else:
-        key = _digest({"source": _source_fingerprint(source, recipe), "vocab": recipe.tokenizer_vocab_size})
-        path = cache_dir / f"tokenizer-bpe{recipe.tokenizer_vocab_size}-{key}"
+        identity = {"source": _source_fingerprint(source, recipe), "vocab": recipe.tokenizer_vocab_size}
+        if recipe.tokenizer_split_digits:  # only when set, so caches of tokenizers made before the key stay valid
+            identity["split_digits"] = True
+        key = _digest(identity)
+        digits = "-digits" if recipe.tokenizer_split_digits else ""
+        path = cache_dir / f"tokenizer-bpe{recipe.tokenizer_vocab_size}{digits}-{key}"
         if path.is_dir():
             tok = AutoTokenizer.from_pretrained(path)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             texts = (_batches(ds, recipe.text_column, source.builder) if not recipe.streaming
                      else _stream_sample(ds, recipe, source))
-            train_bpe(texts, recipe.tokenizer_vocab_size, path)
+            train_bpe(texts, recipe.tokenizer_vocab_size, path, split_digits=recipe.tokenizer_split_digits)
             tok = AutoTokenizer.from_pretrained(path)  # reloaded, so name_or_path is the cache path
     if tok.eos_token_id is None:
         raise ValueError(f"tokenizer {recipe.tokenizer!r} has no eos token; packing needs one between documents")

@@ -39,6 +39,7 @@ class Recipe:
     data_seed: int = 1234                  # fixes the train/validation split independently of `seed`
     tokenizer: str | None = None           # HF tokenizer name/path; None trains a byte-level BPE
     tokenizer_vocab_size: int = 8192       # vocabulary of the trained BPE (tokenizer: None)
+    tokenizer_split_digits: bool = False   # trained BPE: every digit its own token, as Llama's and Qwen's tokenizers
     data_cache_dir: str | None = None      # where tokenizer + packed blocks are cached
     dataset_kind: str = "blocks"           # blocks: next-token loss on packed text; needle: needle-in-a-haystack
                                            # examples over the corpus, loss on the answer tokens only
@@ -102,6 +103,9 @@ class Recipe:
             # each DataLoader worker would iterate the whole stream: every block would be seen N times
             raise ValueError(f"recipe key dataloader_num_workers={self.dataloader_num_workers} must be 0 or 1 "
                              "with streaming: true")
+        if self.tokenizer_split_digits and self.tokenizer:
+            raise ValueError("recipe key tokenizer_split_digits applies to the BPE trained on the corpus; "
+                             f"tokenizer={self.tokenizer!r} is used as it is (drop one of the two)")
         if self.dataset_kind not in ("blocks", "needle"):
             raise ValueError(f"recipe key dataset_kind={self.dataset_kind!r} is not valid; expected blocks or needle")
         if self.dataset_kind == "needle" and (self.streaming or self.needle_examples <= 0):
