@@ -78,3 +78,41 @@ def test_accumulation_and_checkpointing_reproduce_the_plain_step(write_recipe, t
     np.testing.assert_allclose(accumulated.losses, plain.losses, rtol=0, atol=2e-5)
     assert accumulated.tokens_seen == plain.tokens_seen == 5 * 8 * 64
     assert accumulated.model.is_activation_checkpointing and not plain.model.is_activation_checkpointing
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps mixed precision in a process-wide singleton: reset it around a test that changes it (as
+    accelerate's own AccelerateTestCase does), so neither this test nor the float32 ones after it inherit it."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+@pytest.mark.parametrize("ratio, precision", [(0.01, "no"), (2.0, "bf16")])
+def test_bf16_on_a_cpu_without_native_bfloat16_trains_in_float32_and_says_so(ratio, precision, write_recipe,
+                                                                             monkeypatch, fresh_accelerate_state):
+    """bf16: true is for speed: where this CPU's bfloat16 matmul is far slower than its float32 one (AVX2 only:
+    ~100x), the run trains in float32 with one warning naming the key; where bfloat16 is fast it autocasts."""
+    import warnings
+
+    import torch
+
+    from modeling_angpt.training import loop, metrics
+
+    measured = metrics.cpu_bf16_speed_ratio(size=64, seconds=0.01)  # the real probe: a finite positive ratio
+    assert 0 < measured < float("inf")
+    monkeypatch.setattr(loop, "cpu_bf16_speed_ratio", lambda: ratio)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(load_recipe(write_recipe(), ["bf16=true", "max_steps=2", "eval_steps=0", "save_steps=0"]))
+    assert result.accelerator.mixed_precision == precision
+    fallback = [str(w.message) for w in caught if "bf16" in str(w.message)]
+    assert (len(fallback) == 1 and "float32" in fallback[0]) if precision == "no" else not fallback
+    with result.accelerator.autocast():  # what the training forward ran under
+        product = torch.ones(2, 2) @ torch.ones(2, 2)
+    assert product.dtype == (torch.float32 if precision == "no" else torch.bfloat16)

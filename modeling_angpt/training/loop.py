@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,9 +24,11 @@ import torch.nn.functional as F
 from . import checkpoint as ckpt
 from . import run_dir
 from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
-from .launch import accelerator_device_kwargs, check_launch_environment, check_process_group, group_peak_flops
+from .launch import (_has_accelerator_device, accelerator_device_kwargs, check_launch_environment,
+                     check_process_group, group_peak_flops)
 from .distributed import enable_cpu_fsdp
-from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
+from .metrics import (MetricsLogger, cpu_bf16_speed_ratio, device_peak_flops, plot_loss_curve,
+                      training_flops_per_token)
 from .model_setup import apply_constraints, architecture_defaults, build_config, build_model, compile_blocks
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe
@@ -57,13 +60,32 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+# bfloat16 autocast on a CPU only where it is not slower than float32 by more than this factor
+CPU_BF16_MIN_SPEED_RATIO = 0.5
+
+
+def bf16_pays_off() -> bool:
+    """`bf16: true` asks for speed and memory. A GPU has native bfloat16; a CPU may not (AVX2 only), and there a
+    bfloat16 matmul is ~100x slower than a float32 one: the run would crawl. Such a CPU trains in float32 and
+    says so in one line."""
+    if _has_accelerator_device():
+        return True
+    ratio = cpu_bf16_speed_ratio()
+    if ratio >= CPU_BF16_MIN_SPEED_RATIO:
+        return True
+    warnings.warn(f"recipe key bf16: true, but this CPU has no native bfloat16 (its bfloat16 matmul runs at "
+                  f"{ratio:.3f}x its float32 speed): training in float32 instead; set bf16: false to skip this "
+                  "check", stacklevel=2)
+    return False
+
+
 def make_accelerator(recipe: Recipe):
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
     # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
     # skip-the-consumed-batches resume exact (research/hf-ecosystem.md §3).
-    accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 else "no",
+    accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 and bf16_pays_off() else "no",
                               step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
                               **accelerator_device_kwargs())  # launch.py: CPU-only processes form a gloo group
@@ -251,7 +273,8 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
                        * recipe.gradient_accumulation_steps * acc.num_processes)
     flops_per_token = training_flops_per_token(run.raw_model, recipe.block_size)
     peak = group_peak_flops(acc, device_peak_flops(acc.device, recipe.peak_flops,
-                                                    torch.bfloat16 if recipe.bf16 else torch.float32),
+                                                    torch.bfloat16 if acc.mixed_precision == "bf16"
+                                                    else torch.float32),
                             bool(recipe.peak_flops))
 
     def run_eval(step: int) -> None:

@@ -71,6 +71,14 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.bfloat
     return best
 
 
+def cpu_bf16_speed_ratio(size: int = 256, seconds: float = 0.1) -> float:
+    """This CPU's bfloat16 matmul FLOP/s over its float32 FLOP/s (a fraction of a second to measure). Above 1 on
+    CPUs with native bfloat16 (AMX, AVX512-BF16); on one without (AVX2 only) oneDNN falls back to reference
+    kernels and bfloat16 runs two orders of magnitude slower than float32."""
+    return (measure_matmul_flops(torch.device("cpu"), torch.bfloat16, size, seconds)
+            / measure_matmul_flops(torch.device("cpu"), torch.float32, size, seconds))
+
+
 def _cache_path() -> Path:
     return Path(os.environ.get("ANGPT_CACHE", Path.home() / ".cache" / "angpt")) / PEAK_CACHE_FILE
 
