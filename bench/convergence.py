@@ -96,13 +96,17 @@ def run_one(spec: dict, cfg: dict) -> dict:
     try:
         result = train(recipe)
         val, diverged = result.val_losses, False
+        precision = ("bf16 autocast" if result.accelerator.mixed_precision == "bf16" else
+                     "float32 (the recipe's bf16 replaced: this CPU has no native bfloat16)" if recipe.bf16 else
+                     "float32")
     except NonFiniteLossError:
         val = [[r["step"], r["val_loss"]] for r in read_metrics(out / "metrics.jsonl") if "val_loss" in r]
-        diverged = True
+        diverged, precision = True, None
     info = json.loads((out / "final" / "training_metadata.json").read_text())["data"] if not diverged else {}
     curve = [(step * tokens_per_step, loss) for step, loss in val]
     final = curve[-1][1] if curve and not diverged else math.inf
-    record = {**spec, "curve": curve, "final": final, "diverged": diverged, "wall_s": time.perf_counter() - start,
+    record = {**spec, "curve": curve, "final": final, "diverged": diverged, "precision": precision,
+              "wall_s": time.perf_counter() - start,
               "tokens": cfg["steps"] * tokens_per_step, "train_tokens_available": info.get("train_tokens"),
               "val_tokens_per_eval": cfg["eval_batches"] * 2 * cfg["batch"] * cfg["block"]}
     for heavy in ("checkpoints", "final", ".tmp_final"):  # only the curve is needed; keep the disk free
@@ -233,6 +237,13 @@ def summarise(results: list[dict], cfg: dict) -> dict:
     return out
 
 
+def precision_text(runs: list[dict]) -> str:
+    """What the runs trained in (training replaces the recipe's bf16 by float32 on a CPU without native bfloat16;
+    runs recorded before the field existed were bf16 autocast)."""
+    used = sorted({r.get("precision", "bf16 autocast") for r in runs if not r["diverged"]})
+    return " and ".join(used) or "every run diverged"
+
+
 def section(summary: dict, cfg: dict, command: str) -> str:
     runs = [r for s in summary["sweep"].values() for r in s["runs"]]
     tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
@@ -246,7 +257,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run"
              + (f" of the {available:,}-token training split of `{dataset}` ({tokens / available:.1%}: "
                 "no block is seen twice)" if available else f" from `{dataset}`")
-             + f"; bf16 autocast; validation every {cfg['eval_steps']} steps on the same "
+             + f"; {precision_text(runs)}; validation every {cfg['eval_steps']} steps on the same "
              f"{cfg['eval_batches'] * 2 * cfg['batch'] * cfg['block']:,} held-out tokens for every run. "
              f"{cfg['jobs']} runs in parallel, {cfg['threads']} thread(s) each.", ""]
     if cfg.get("changed"):

@@ -45,6 +45,7 @@ def test_convergence_smoke(bench, tmp_path):
     text = results.read_text()
     assert "<!-- convergence:start -->" in text and "| angpt |" in text and "no ν(α)" in text
     assert "best at the edge" in text  # one rate, one extension: the edge is reported
+    assert "; float32; validation every" in text  # the smoke recipe's precision, named from the runs
     assert (tmp_path / "plots" / "convergence.png").is_file()
     # --report-only rewrites the section from the cached runs without training
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
