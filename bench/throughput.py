@@ -3,10 +3,11 @@
 eager and torch.compile (SPEC §5 reports step times on 4×A100: GPT+ 0.1416 s, anGPT +2.75 %, nGPT +9.6 %).
 
 A step = forward, backward, AdamW step, zero_grad and the architecture's weight constraint (anGPT's row ball,
-nGPT's unit norm; GPT+ and Llama have none), under bf16 autocast. The models run interleaved round by round so that drift of the machine
+nGPT's unit norm; GPT+ and Llama have none), under bf16 autocast (--precision; by default float32 on a CPU without
+native bfloat16, where bfloat16 runs ~100x slower). The models run interleaved round by round so that drift of the machine
 affects them alike; medians are reported. MFU = model FLOPs per step (training.metrics: 6·N per token for the
 matrices + the attention term) / the matmul peak measured on the same machine in the same run (best of repeated
-bf16 n×n matmuls, n = --peak-size), so it is "fraction of what this machine's matmul reaches", not of a data sheet.
+n×n matmuls in the same precision, n = --peak-size), so it is "fraction of what this machine's matmul reaches", not of a data sheet.
 
     python bench/throughput.py                         # d=256, 4 layers, 16×256 tokens on the CPU
     python bench/throughput.py --size quick            # seconds
@@ -46,7 +47,7 @@ def build_model(name: str, cfg: dict):
     return AnGPTForCausalLM._from_config(AnGPTConfig(architecture=name, **shape), attn_implementation="sdpa")
 
 
-def make_step(name: str, cfg: dict, device: torch.device, compiled: bool):
+def make_step(name: str, cfg: dict, device: torch.device, compiled: bool, dtype: torch.dtype):
     model = build_model(name, cfg).to(device).train()
     raw = model
     if compiled:
@@ -54,7 +55,7 @@ def make_step(name: str, cfg: dict, device: torch.device, compiled: bool):
     optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-4, weight_decay=0.0)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=generator).to(device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16)
+    autocast = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else contextlib.nullcontext()
     constrain = getattr(raw, "apply_weight_constraints", lambda: None)
 
     def step():
@@ -73,10 +74,10 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measured_peak(device: torch.device, n: int, repeats: int = 5) -> float:
-    """FLOP/s of the best of `repeats` bf16 n×n×n matmuls (what autocast runs the model's matmuls in)."""
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+def measured_peak(device: torch.device, n: int, dtype: torch.dtype, repeats: int = 5) -> float:
+    """FLOP/s of the best of `repeats` n×n×n matmuls in `dtype` (what the models' matmuls run in)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     a @ b  # warm-up (library initialisation, clocks)
     best = float("inf")
     for _ in range(repeats):
@@ -88,13 +89,13 @@ def measured_peak(device: torch.device, n: int, repeats: int = 5) -> float:
     return 2 * n**3 / best
 
 
-def measure(cfg: dict, device: torch.device, compiled: bool) -> dict:
+def measure(cfg: dict, device: torch.device, compiled: bool, dtype: torch.dtype) -> dict:
     from modeling_angpt.training.metrics import training_flops_per_token
 
     steps, flops = {}, {}
     for name in MODELS:
         torch.manual_seed(0)
-        steps[name], raw = make_step(name, cfg, device, compiled)
+        steps[name], raw = make_step(name, cfg, device, compiled, dtype)
         flops[name] = training_flops_per_token(raw, cfg["seq"]) * cfg["batch"] * cfg["seq"]
         for _ in range(cfg["warmup"]):  # compile happens here
             steps[name]()
@@ -109,17 +110,31 @@ def measure(cfg: dict, device: torch.device, compiled: bool) -> dict:
     return {name: {"median": statistics.median(t), "flops": flops[name], "times": t} for name, t in times.items()}
 
 
-def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.device, loads: tuple[str, str]) -> str:
+def precision(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
+    """(dtype, words for the section) of --precision; auto = bf16 unless this CPU has no native bfloat16."""
+    from modeling_angpt.training.metrics import cpu_lacks_native_bf16
+
+    if choice == "auto":
+        ratio = cpu_lacks_native_bf16() if device.type == "cpu" else None
+        if ratio is not None:
+            return torch.float32, (f"float32 (`--precision auto`: this CPU's bfloat16 matmul runs at {ratio:.3f}× "
+                                   "its float32 speed, no native bfloat16)")
+        choice = "bf16"
+    return (torch.bfloat16, "bf16 autocast") if choice == "bf16" else (torch.float32, "float32")
+
+
+def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.device, loads: tuple[str, str],
+            precision_text: str = "bf16 autocast") -> str:
     tokens = cfg["batch"] * cfg["seq"]
     lines = ["## Training throughput and MFU: anGPT, nGPT, GPT+ and Llama, eager and torch.compile "
              "(SPEC §5: anGPT +2.75 %, nGPT +9.6 % step time over GPT+ on 4×A100)", "", f"`{command}`", "",
              f"{rf.machine_line(device.type)} Load average at the start: {loads[0]}, at the end: {loads[1]}.", "",
              f"Shape (all four): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, MLP 4d SwiGLU, "
-             f"vocab {cfg['vocab']}, untied head; {cfg['batch']}×{cfg['seq']} = {tokens:,} tokens per step, bf16 "
-             f"autocast, sdpa attention. Step = forward, backward, AdamW, weight constraint. {cfg['rounds']} rounds "
+             f"vocab {cfg['vocab']}, untied head; {cfg['batch']}×{cfg['seq']} = {tokens:,} tokens per step, "
+             f"{precision_text}, sdpa attention. Step = forward, backward, AdamW, weight constraint. {cfg['rounds']} rounds "
              f"after {cfg['warmup']} warm-up steps, models interleaved; medians. Llama is transformers' "
-             "`LlamaForCausalLM` (full RoPE, gained RMSNorms, no QK-norm). MFU = model FLOPs per step / the bf16 "
-             f"matmul peak measured in this run ({cfg['peak_size']}³ matmul)."]
+             "`LlamaForCausalLM` (full RoPE, gained RMSNorms, no QK-norm). MFU = model FLOPs per step / the "
+             f"matmul peak measured in this run in the same precision ({cfg['peak_size']}³ matmul)."]
     for mode in rows:
         lines += [f"Measured peak before the {mode} runs: {peak[mode] / 1e9:,.1f} GFLOP/s."]
     lines += ["", "| model | mode | median step (s) | tokens/s | model GFLOP/step | MFU | step time vs GPT+ (same mode) |",
@@ -144,6 +159,8 @@ def main(argv=None):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
     parser.add_argument("--modes", nargs="+", choices=("eager", "compile"), default=["eager", "compile"])
     parser.add_argument("--threads", type=int, help="torch threads on the CPU")
+    parser.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                        help="the models' matmul precision (auto: bf16, float32 on a CPU without native bfloat16)")
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)
     device = torch.device(args.device or "cpu")
@@ -153,13 +170,15 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        dtype, precision_text = precision(args.precision, device)
         start_load = rf.load_average()
         rows, peak = {}, {}
         for mode in args.modes:
-            peak[mode] = measured_peak(device, cfg["peak_size"])
+            peak[mode] = measured_peak(device, cfg["peak_size"], dtype)
             with torch._dynamo.config.patch(cache_size_limit=64) if mode == "compile" else contextlib.nullcontext():
-                rows[mode] = measure(cfg, device, compiled=mode == "compile")
-        text = section(rows, cfg, peak, rf.command_line("throughput.py", argv), device, (start_load, rf.load_average()))
+                rows[mode] = measure(cfg, device, compiled=mode == "compile", dtype=dtype)
+        text = section(rows, cfg, peak, rf.command_line("throughput.py", argv), device, (start_load, rf.load_average()),
+                       precision_text)
     finally:
         torch.set_num_threads(threads)
     print(text)

@@ -51,14 +51,20 @@ def test_convergence_smoke(bench, tmp_path):
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
 
 
-def test_throughput_smoke(bench, tmp_path):
+@pytest.mark.parametrize("bf16_ratio, precision", [(None, "bf16 autocast"), (0.01, "float32 (`--precision auto`")])
+def test_throughput_smoke(bench, tmp_path, monkeypatch, bf16_ratio, precision):
+    """--precision auto: bf16 autocast where the CPU has native bfloat16, float32 (named) where it has not."""
     out, results, _, _ = bench
     import throughput
 
+    from modeling_angpt.training import metrics
+
+    monkeypatch.setattr(metrics, "cpu_lacks_native_bf16", lambda: bf16_ratio)
     throughput.main([*TINY, "--vocab", "256", "--batch", "2", "--seq", "16", "--rounds", "1", "--warmup", "1",
                      "--peak-size", "128", "--modes", "eager", *out])
     text = results.read_text()
     assert "| llama | eager |" in text and "MFU" in text
+    assert f"tokens per step, {precision}" in text
     assert (tmp_path / "plots" / "throughput.png").is_file()
 
 

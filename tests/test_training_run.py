@@ -106,7 +106,7 @@ def test_bf16_on_a_cpu_without_native_bfloat16_trains_in_float32_and_says_so(rat
 
     measured = metrics.cpu_bf16_speed_ratio(size=64, seconds=0.01)  # the real probe: a finite positive ratio
     assert 0 < measured < float("inf")
-    monkeypatch.setattr(loop, "cpu_bf16_speed_ratio", lambda: ratio)
+    monkeypatch.setattr(metrics, "cpu_bf16_speed_ratio", lambda: ratio)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = train(load_recipe(write_recipe(), ["bf16=true", "max_steps=2", "eval_steps=0", "save_steps=0"]))

@@ -27,7 +27,7 @@ from .data import build_datasets, needle_datasets, resolve_source, scored_valida
 from .launch import (_has_accelerator_device, accelerator_device_kwargs, check_launch_environment,
                      check_process_group, group_peak_flops)
 from .distributed import enable_cpu_fsdp
-from .metrics import (MetricsLogger, cpu_bf16_speed_ratio, device_peak_flops, plot_loss_curve,
+from .metrics import (MetricsLogger, cpu_lacks_native_bf16, device_peak_flops, plot_loss_curve,
                       training_flops_per_token)
 from .model_setup import apply_constraints, architecture_defaults, build_config, build_model, compile_blocks
 from .optim import build_optimizer, build_scheduler
@@ -60,18 +60,11 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-# bfloat16 autocast on a CPU only where it is not slower than float32 by more than this factor
-CPU_BF16_MIN_SPEED_RATIO = 0.5
-
-
 def bf16_pays_off() -> bool:
     """`bf16: true` asks for speed and memory. A GPU has native bfloat16; a CPU may not (AVX2 only), and there a
     bfloat16 matmul is ~100x slower than a float32 one: the run would crawl. Such a CPU trains in float32 and
     says so in one line."""
-    if _has_accelerator_device():
-        return True
-    ratio = cpu_bf16_speed_ratio()
-    if ratio >= CPU_BF16_MIN_SPEED_RATIO:
+    if _has_accelerator_device() or (ratio := cpu_lacks_native_bf16()) is None:
         return True
     warnings.warn(f"recipe key bf16: true, but this CPU has no native bfloat16 (its bfloat16 matmul runs at "
                   f"{ratio:.3f}x its float32 speed): training in float32 instead; set bf16: false to skip this "

@@ -79,6 +79,17 @@ def cpu_bf16_speed_ratio(size: int = 256, seconds: float = 0.1) -> float:
             / measure_matmul_flops(torch.device("cpu"), torch.float32, size, seconds))
 
 
+# bfloat16 on a CPU only where its matmul is not slower than float32's by more than this factor
+CPU_BF16_MIN_SPEED_RATIO = 0.5
+
+
+def cpu_lacks_native_bf16() -> float | None:
+    """The CPU's bfloat16/float32 matmul speed ratio when it is below CPU_BF16_MIN_SPEED_RATIO (no native
+    bfloat16: bfloat16 would be a slowdown, not a speed-up), else None."""
+    ratio = cpu_bf16_speed_ratio()
+    return ratio if ratio < CPU_BF16_MIN_SPEED_RATIO else None
+
+
 def _cache_path() -> Path:
     return Path(os.environ.get("ANGPT_CACHE", Path.home() / ".cache" / "angpt")) / PEAK_CACHE_FILE
 
