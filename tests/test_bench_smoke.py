@@ -65,6 +65,7 @@ def test_throughput_smoke(bench, tmp_path, monkeypatch, bf16_ratio, precision):
     text = results.read_text()
     assert "| llama | eager |" in text and "MFU" in text
     assert f"tokens per step, {precision}" in text
+    assert f" ({torch.backends.cpu.get_cpu_capability()}), " in text  # the machine line names the CPU's kernels
     assert (tmp_path / "plots" / "throughput.png").is_file()
 
 
