@@ -58,6 +58,22 @@ def test_flex_compiles_once_for_every_length_and_batch(transform, sparsity, caus
     assert 1 <= _compilations() - before <= 2
 
 
+def test_compiled_flex_decoding_on_cpu_equals_eager_for_every_piece_size():
+    """Decoding one query, and chunked prefill of 4 or 16, through compiled flex_attention equal the eager path at
+    every cache length (torch 2.13's compiled CPU kernel is wrong by up to 1e-2 for a few queries at a time on an
+    AVX2 CPU; fewer than CPU_FLEX_MIN_QUERIES take the chunked eager path)."""
+    assert attention_angpt.FLEX_COMPILE
+    config = make_config("alibi", "none", "angpt", {"rope_type": "default", "partial_rotary_factor": 0.5},
+                         max_position_embeddings=128)
+    model = build(config, "eager")
+    ids, _ = _inputs(1, 70, seed=3)
+    with torch.no_grad():
+        reference = model(ids).logits
+    model.set_attn_implementation("flex_attention")
+    for step in (1, 4, 16):
+        assert_close_on(None, decode_incrementally(model, ids, None, prefill=20, steps=(step,)), reference)
+
+
 def test_flex_block_mask_equals_torch_create_block_mask():
     # The eagerly built BlockMask (one 128-query block row at a time) holds the same blocks as torch's own.
     from torch.nn.attention.flex_attention import create_block_mask
