@@ -124,7 +124,7 @@ def precision(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
 
 
 def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.device, loads: tuple[str, str],
-            precision_text: str = "bf16 autocast") -> str:
+            precision_text: str) -> str:
     tokens = cfg["batch"] * cfg["seq"]
     lines = ["## Training throughput and MFU: anGPT, nGPT, GPT+ and Llama, eager and torch.compile "
              "(SPEC §5: anGPT +2.75 %, nGPT +9.6 % step time over GPT+ on 4×A100)", "", f"`{command}`", "",
