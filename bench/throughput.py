@@ -126,7 +126,8 @@ def precision(choice: str, device: torch.device) -> tuple[torch.dtype, str]:
 def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.device, loads: tuple[str, str],
             precision_text: str) -> str:
     tokens = cfg["batch"] * cfg["seq"]
-    lines = ["## Training throughput and MFU: anGPT, nGPT, GPT+ and Llama, eager and torch.compile "
+    where = "" if device.type == "cpu" else f", on {device.type.upper()}"
+    lines = [f"## Training throughput and MFU{where}: anGPT, nGPT, GPT+ and Llama, eager and torch.compile "
              "(SPEC §5: anGPT +2.75 %, nGPT +9.6 % step time over GPT+ on 4×A100)", "", f"`{command}`", "",
              f"{rf.machine_line(device.type)} Load average at the start: {loads[0]}, at the end: {loads[1]}.", "",
              f"Shape (all four): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, MLP 4d SwiGLU, "
@@ -182,10 +183,11 @@ def main(argv=None):
     finally:
         torch.set_num_threads(threads)
     print(text)
-    if not args.no_write:
-        plot(rows, cfg, f"{args.plots_dir}/throughput.png")
-        text += f"\n\n![tokens/s per model and mode]({rf.plot_link(args.results, f'{args.plots_dir}/throughput.png')})"
-        rf.update_section("throughput", text, args.results)
+    if not args.no_write:  # a GPU's figures go to their own section beside the CPU's
+        name = "throughput" if device.type == "cpu" else f"throughput_{device.type}"
+        plot(rows, cfg, f"{args.plots_dir}/{name}.png")
+        text += f"\n\n![tokens/s per model and mode]({rf.plot_link(args.results, f'{args.plots_dir}/{name}.png')})"
+        rf.update_section(name, text, args.results)
 
 
 def plot(rows: dict, cfg: dict, path: str) -> None:

@@ -30,7 +30,7 @@ def bench(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus, recipe
     torch.set_num_threads(threads)
-    for name in ("convergence", "throughput", "length_generalisation", "needle", "results_file"):
+    for name in ("convergence", "throughput", "length_generalisation", "needle", "long_context_speed", "results_file"):
         sys.modules.pop(name, None)
 
 
@@ -67,6 +67,22 @@ def test_throughput_smoke(bench, tmp_path, monkeypatch, bf16_ratio, precision):
     assert f"tokens per step, {precision}" in text
     assert f" ({torch.backends.cpu.get_cpu_capability()}), " in text  # the machine line names the CPU's kernels
     assert (tmp_path / "plots" / "throughput.png").is_file()
+
+
+def test_long_context_speed_smoke(bench):
+    """Every (transform, sparsity) row on the backends that compute it, each agreeing with the chunked eager math."""
+    out, results, _, _ = bench
+    import long_context_speed
+
+    rows = long_context_speed.main(["--device", "cpu", "--length", "48", "--hidden", "32", "--layers", "1",
+                                    "--heads", "2", "--vocab", "97", "--chunk", "16", "--window", "8", "--repeats",
+                                    "1", "--backends", "angpt_chunked", "sdpa", *out])
+    ran = {key for key, _ in rows}
+    assert ("alibi", "none", "sdpa") in ran and ("scale_invariant", "window", "angpt_chunked") in ran
+    assert ("scale_invariant", "none", "sdpa") not in ran  # not an additive bias: SDPA cannot compute it
+    assert all(row["error"] < 1e-5 for (_, _, backend), row in rows if backend == "sdpa")
+    text = results.read_text()
+    assert "<!-- long_context_speed:start -->" in text and "| alibi | none | sdpa |" in text
 
 
 def test_length_generalisation_and_needle_smoke(bench, tmp_path):

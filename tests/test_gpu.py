@@ -83,3 +83,23 @@ def test_cuda_compiled_static_cache_decoding_equals_eager(architecture):
     expected = model.generate(prompt, **settings)
     compiled = model.generate(prompt, cache_implementation="static", **settings)  # transformers compiles the step
     assert torch.equal(compiled, expected)
+
+
+@pytest.mark.parametrize("transform,sparsity", [("alibi", "none"), ("scale_invariant", "none"),
+                                                ("scale_invariant", "window")])
+def test_cuda_flex_attention_at_16k_matches_chunked_eager(transform, sparsity):
+    """The compiled FlexAttention kernel at a 16k context (no T×T scores) against the chunked eager math."""
+    config = _config("angpt", max_position_embeddings=16384, hidden_size=128, num_hidden_layers=2,
+                     rope_parameters={"rope_type": "scale_invariant_p"}, attention_logit_transform=transform,
+                     attention_sparsity=sparsity, attention_window=1024, attention_query_chunk_size=1024)
+    torch.manual_seed(0)
+    chunked = AnGPTForCausalLM._from_config(config, attn_implementation="angpt_chunked").cuda().eval()
+    ids = torch.randint(0, config.vocab_size, (1, 16384), device="cuda")
+    with torch.no_grad():
+        expected = chunked(input_ids=ids, logits_to_keep=64).logits
+        chunked.set_attn_implementation("flex_attention")
+        got = chunked(input_ids=ids, logits_to_keep=64).logits
+    from modeling_angpt import flex_angpt
+
+    assert not flex_angpt._failed, "flex_attention fell back to the chunked path"
+    assert (got - expected).abs().max().item() <= 1e-3 * expected.abs().max().item()
