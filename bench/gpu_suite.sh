@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU checks on one CUDA GPU, most important first, within SUITE_SECONDS (default 540, so that one 10-minute
+# The GPU checks on one CUDA GPU, most important first, within SUITE_SECONDS (default 570, so that one 10-minute
 # device call holds it): the gpu-marked tests (bf16 parity of every backend, compiled training, compiled
-# static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, compiled
-# decoding against eager, training throughput and MFU (anGPT, GPT+, nGPT, Llama; eager and compiled), then, when
+# static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, training
+# throughput and MFU (anGPT, GPT+, nGPT, Llama; eager and compiled), compiled decoding against eager, then, when
 # time is left, the compiled step time at the paper's 0.5B shape and the width-stability sweep. A step that would
 # not fit the time left is skipped and named. Figures go into bench/RESULTS.md sections that name the device;
 # inference_speed prints its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
@@ -10,7 +10,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
-BUDGET=${SUITE_SECONDS:-540}
+BUDGET=${SUITE_SECONDS:-570}
 LOG=${SUITE_LOG:-runs/gpu_suite.log}
 mkdir -p "$(dirname "$LOG")"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -34,11 +34,11 @@ step() {
 }
 
 xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
-step 170 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
+step 150 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
 tests_line=$(grep -E "[0-9]+ (passed|failed).* in [0-9.]+s" $LOG | tail -1)
-step 90 long_context $PY bench/long_context_speed.py
-step 140 compiled_decoding $PY bench/inference_speed.py --device cuda --compile --dtype bfloat16 --repeats 5
-step 200 throughput $PY bench/throughput.py --device cuda
+step 130 long_context $PY bench/long_context_speed.py
+step 170 throughput $PY bench/throughput.py --device cuda
+step 120 compiled_decoding $PY bench/inference_speed.py --device cuda --compile --dtype bfloat16 --repeats 3
 step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --compile --ablations --hidden 1024 \
     --layers 24 --vocab 50304 --batch 8 --seq 2048 --rounds 10 --warmup 3 --section train_step_time_gpu
 step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
