@@ -34,10 +34,10 @@ step() {
 }
 
 xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
-step 150 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
+step 140 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
 tests_line=$(grep -E "[0-9]+ (passed|failed).* in [0-9.]+s" $LOG | tail -1)
-step 130 long_context $PY bench/long_context_speed.py
-step 170 throughput $PY bench/throughput.py --device cuda
+step 110 long_context $PY bench/long_context_speed.py
+step 200 throughput $PY bench/throughput.py --device cuda
 step 120 compiled_decoding $PY bench/inference_speed.py --device cuda --compile --dtype bfloat16 --repeats 3
 step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --compile --ablations --hidden 1024 \
     --layers 24 --vocab 50304 --batch 8 --seq 2048 --rounds 10 --warmup 3 --section train_step_time_gpu

@@ -158,10 +158,10 @@ def main(argv=None) -> list:
                 reference = row["logits"]
             rows.append(((transform, sparsity, backend), row))
             print(transform, sparsity, backend, {k: v for k, v in row.items() if k != "logits"}, flush=True)
-    text = section(args, rows, rf.command_line("long_context_speed.py", argv))
+            text = section(args, rows, rf.command_line("long_context_speed.py", argv))
+            if not args.no_write:  # after every row: a run stopped later keeps what it measured
+                rf.update_section("long_context_speed", text, args.results)
     print(text)
-    if not args.no_write:
-        rf.update_section("long_context_speed", text, args.results)
     return rows
 
 

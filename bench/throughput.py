@@ -174,21 +174,25 @@ def main(argv=None):
         dtype, precision_text = precision(args.precision, device)
         start_load = rf.load_average()
         rows, peak = {}, {}
-        for mode in args.modes:
+        for mode in args.modes:  # the section is written after each mode: a run stopped in the next keeps this one
             peak[mode] = measured_peak(device, cfg["peak_size"], dtype)
             with torch._dynamo.config.patch(cache_size_limit=64) if mode == "compile" else contextlib.nullcontext():
                 rows[mode] = measure(cfg, device, compiled=mode == "compile", dtype=dtype)
-        text = section(rows, cfg, peak, rf.command_line("throughput.py", argv), device, (start_load, rf.load_average()),
-                       precision_text)
+            text = section(rows, cfg, peak, rf.command_line("throughput.py", argv), device,
+                           (start_load, rf.load_average()), precision_text)
+            if not args.no_write:
+                write(text, rows, cfg, device, args)
     finally:
         torch.set_num_threads(threads)
     print(text)
-    if not args.no_write:  # a GPU's figures go to their own section beside the CPU's
-        name = "throughput" if device.type == "cpu" else f"throughput_{device.type}"
-        plot(rows, cfg, f"{args.plots_dir}/{name}.png")
-        text += f"\n\n![tokens/s per model and mode]({rf.plot_link(args.results, f'{args.plots_dir}/{name}.png')})"
-        rf.update_section(name, text, args.results)
 
+
+def write(text: str, rows: dict, cfg: dict, device: torch.device, args) -> None:
+    """The section and its plot; a GPU's figures go to their own section beside the CPU's."""
+    name = "throughput" if device.type == "cpu" else f"throughput_{device.type}"
+    plot(rows, cfg, f"{args.plots_dir}/{name}.png")
+    text += f"\n\n![tokens/s per model and mode]({rf.plot_link(args.results, f'{args.plots_dir}/{name}.png')})"
+    rf.update_section(name, text, args.results)
 
 def plot(rows: dict, cfg: dict, path: str) -> None:
     import matplotlib
