@@ -143,6 +143,8 @@ def main(argv=None) -> list:
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
+    parser.add_argument("--variants", nargs="+", default=[f"{t}:{s}" for t, s in VARIANTS], metavar="TRANSFORM:SPARSITY",
+                        choices=[f"{t}:{s}" for t, s in VARIANTS])
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False  # the error column compares kernels, not TF32 rounding
@@ -150,7 +152,7 @@ def main(argv=None) -> list:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (1, args.length), generator=generator).to(args.device)
     rows = []
-    for transform, sparsity in VARIANTS:
+    for transform, sparsity in (variant.split(":") for variant in args.variants):
         reference = None
         for backend in [b for b in args.backends if backend_computes(b, transform, sparsity)]:
             row = measure(args, transform, sparsity, backend, ids, reference)

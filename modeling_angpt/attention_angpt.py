@@ -22,7 +22,7 @@ from transformers.modeling_utils import AttentionInterface
 from .configuration_angpt import check_attention_backend
 from .flex_angpt import attend as flex_attend, block_mask as flex_block_mask, mods as flex_mods
 from .logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register as _transform_hooks, head_tensor
-from .masks_angpt import SPARSITIES, AttentionLayout, _on_register as _sparsity_hooks
+from .masks_angpt import SPARSITIES, AttentionLayout, _on_register as _sparsity_hooks, every_row
 
 try:  # optional: only the [flash] extra installs it, and only on CUDA machines
     from flash_attn import flash_attn_func
@@ -41,18 +41,18 @@ def _layout(module, query, key, attention_mask, kwargs) -> AttentionLayout:
     return layout
 
 
-def _transformed_scores(config, scores: torch.Tensor, layout: AttentionLayout, rows: slice) -> torch.Tensor:
+def _transformed_scores(config, scores: torch.Tensor, layout: AttentionLayout, rows: slice | None) -> torch.Tensor:
     """The registered logit transform on a [b, h, c, kv] block of scores (float32 also under bf16 autocast)."""
     transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
     if transform.score is None:
         return scores
     head = head_tensor(transform, config, scores.device)
-    return transform.score(scores.float(), layout.query_positions[:, None, rows, None],
+    return transform.score(scores.float(), layout.query_positions[:, None, every_row(rows), None],
                            layout.key_positions[:, None, None, :], None if head is None else head.view(1, -1, 1, 1),
                            config)
 
 
-def _attend(module, query, key, value, layout: AttentionLayout, rows: slice, scaling: float, dropout: float):
+def _attend(module, query, key, value, layout: AttentionLayout, rows: slice | None, scaling: float, dropout: float):
     """Eager math for one chunk of queries: [b, h, c, d_h] → (out [b, h, c, d_h], probs [b, h, c, kv])."""
     config = module.config
     groups = getattr(module, "num_key_value_groups", 1)  # GQA: query head h reads key/value head h // groups
@@ -72,7 +72,7 @@ def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.T
                             attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
     """The reference: every variant, the whole [b, h, T, T] score tensor at once (returns the probabilities)."""
     layout = _layout(module, query, key, attention_mask, kwargs)
-    output, probs = _attend(module, query, key, value, layout, slice(None), scaling, dropout)
+    output, probs = _attend(module, query, key, value, layout, None, scaling, dropout)
     return output.transpose(1, 2).contiguous(), probs
 
 
@@ -107,7 +107,7 @@ def sdpa_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     q_len, kv_len = query.shape[-2], key.shape[-2]
     mask, is_causal = None, False
     if LOGIT_TRANSFORMS[config.attention_logit_transform].additive:
-        bias = _transformed_scores(config, query.new_zeros((), dtype=torch.float32), layout, slice(None))
+        bias = _transformed_scores(config, query.new_zeros((), dtype=torch.float32), layout, None)
         mask = bias.to(query.dtype).masked_fill(~layout.visible(config), torch.finfo(query.dtype).min)
     elif not layout.is_plain(config):
         mask = layout.visible(config)
@@ -140,9 +140,9 @@ def flex_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Te
     kv_len = key.shape[-2]
     # One BlockMask and one score_mod per forward, shared by every layer (the BlockMask costs O(T²) mask_mod
     # evaluations outside the kernel).
-    mask_mod, score_mod = layout.remember("flex_mods", slice(None), lambda: flex_mods(
+    mask_mod, score_mod = layout.remember("flex_mods", None, lambda: flex_mods(
         config, layout, query.device, batch, q_len, kv_len))
-    block_mask = layout.remember("flex_block_mask", slice(None), lambda: flex_block_mask(
+    block_mask = layout.remember("flex_block_mask", None, lambda: flex_block_mask(
         mask_mod, batch, q_len, kv_len, query.device))
     output = flex_attend(query, key, value, score_mod, block_mask, scaling,
                          getattr(module, "num_key_value_groups", 1) > 1, FLEX_COMPILE)

@@ -30,6 +30,10 @@ from .masks_angpt import AttentionLayout, support
 
 BLOCK = 128  # FlexAttention's default sparse block size (queries and keys)
 MIN_POSITIONS, MIN_ROWS = 1024, 8  # smallest capacities of the captured tensors
+# Each variant's score/mask functions, dtype and grad mode compile once: more than dynamo's default 8 in a process
+# that runs several variants. Past this limit dynamo would run flex_attention unfused (T×T scores, seen on an H200
+# at 16k); it raises instead here, and the chunked path takes over with a warning.
+RECOMPILE_LIMIT = 64
 MASK_CHUNK_ELEMENTS = 1 << 22  # block-mask building: at most this many (row, query, key) elements at a time
 
 _compiled = None
@@ -128,6 +132,20 @@ def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return dense.sum(-1, dtype=torch.int32).contiguous(), order.to(torch.int32).contiguous()
 
 
+_LIMIT_ERRORS = tuple(getattr(torch._dynamo.exc, name) for name in ("FailOnRecompileLimitHit",)
+                      if hasattr(torch._dynamo.exc, name))
+
+
+def _recompile_limit() -> dict:
+    """dynamo settings for RECOMPILE_LIMIT, under the names this torch has (recompile_limit was cache_size_limit)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    options = {name: max(RECOMPILE_LIMIT, getattr(config, name))}
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        options["fail_on_recompile_limit_hit"] = True
+    return options
+
+
 def attend(query, key, value, score_mod, mask, scale: float, enable_gqa: bool, compile: bool):
     """flex_attention, compiled once with dynamic shapes (`compile`); None after a compiler failure (warned once):
     the caller then runs the chunked eager path."""
@@ -146,10 +164,10 @@ def attend(query, key, value, score_mod, mask, scale: float, enable_gqa: bool, c
         # Python floats (the scale, config values such as scale_invariant_tau) stay constants: dynamic=True would
         # make them 0-d tensors read with .item() inside score_mod, which inductor cannot lower there.
         with shape_config.patch(backed_size_oblivious=True, use_duck_shape=False), \
-                torch._dynamo.config.patch(specialize_float=True):
+                torch._dynamo.config.patch(specialize_float=True, **_recompile_limit()):
             return _compiled(query, key, value, score_mod=score_mod, block_mask=mask, scale=scale,
                              enable_gqa=enable_gqa)
-    except torch._dynamo.exc.BackendCompilerFailed as error:
+    except (torch._dynamo.exc.BackendCompilerFailed, *_LIMIT_ERRORS) as error:
         _failed = True
         warnings.warn(f"compiling flex_attention failed ({type(error).__name__}: {str(error).splitlines()[0]}); "
                       "this process runs attention through the chunked eager path (angpt_chunked, the same math) "

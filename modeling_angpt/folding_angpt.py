@@ -230,7 +230,8 @@ def fold_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[
         if target.query_gain(config) is not None:  # exact L2 q/k norm: all of q's and k's factors meet on q
             if not isinstance(attn.q_norm, L2Norm):
                 raise TypeError(f"fold: {p}self_attn.q_norm must be an exact L2 norm to merge s_qk onto q")
-            c_q = torch.full((heads * d_h,), float(attn.scaling), dtype=torch.float64)
+            c_q = torch.full((heads * d_h,), float(attn.scaling), dtype=torch.float64,
+                             device=attn.q_proj.weight.device)
             if s_qk is not None:  # one s_qk per key channel, shared by the query heads of its group (GQA)
                 s_qk = s_qk.view(-1, d_h).repeat_interleave(attn.num_key_value_groups, dim=0).flatten()
             out[p + "self_attn.query_gain.weight"] = c_q if s_qk is None else c_q * s_qk.square()

@@ -144,6 +144,12 @@ def cached_key_positions(cache, positions: torch.Tensor, past_seen, key_length: 
     return stored
 
 
+def every_row(rows: slice | None) -> slice:
+    """A chunk's query rows, None meaning all of them. None rather than a default `slice(None)`: torch 2.11's
+    dynamo stopped at the layout's default slice when compiling a decode step (fullgraph, SDPA backend)."""
+    return slice(None) if rows is None else rows
+
+
 @dataclass
 class AttentionLayout:
     query_positions: torch.Tensor  # [b, q] long
@@ -189,23 +195,23 @@ class AttentionLayout:
         dense = as_bool_mask(attention_mask) if attention_mask is not None and attention_mask.dim() == 4 else None
         return cls(key_positions[:, kv_len - q_len:], kv_len - q_len, key_positions, None, causal, dense)
 
-    def query_indices(self, rows: slice = slice(None)) -> torch.Tensor:
+    def query_indices(self, rows: slice | None = None) -> torch.Tensor:
         """Cache index of each query [q]."""
         device = self.key_positions.device
-        return self.query_offset + torch.arange(self.query_positions.shape[-1], device=device)[rows]
+        return self.query_offset + torch.arange(self.query_positions.shape[-1], device=device)[every_row(rows)]
 
-    def query_sequence(self, rows: slice = slice(None)) -> torch.Tensor | None:
+    def query_sequence(self, rows: slice | None = None) -> torch.Tensor | None:
         """Packed-sequence id of each query [b, q] (the key at the query's own cache index)."""
         if self.key_sequence is None:
             return None
         return self.key_sequence.index_select(1, self.query_indices(rows))
 
-    def lengths(self, rows: slice = slice(None)) -> torch.Tensor:
+    def lengths(self, rows: slice | None = None) -> torch.Tensor:
         """Number of real keys in each query's sequence [b, q] (the bidirectional window's edge, LogN's n)."""
         valid = self.key_valid
         if self.key_sequence is None:
             total = valid.sum(-1) if valid is not None else self.key_positions.max(-1).values + 1
-            return total[:, None].expand(-1, self.query_positions[:, rows].shape[-1])
+            return total[:, None].expand(-1, self.query_positions[:, every_row(rows)].shape[-1])
         same = self.query_sequence(rows)[:, :, None] == self.key_sequence[:, None, :]
         return (same if valid is None else same & valid[:, None, :]).sum(-1)
 
@@ -217,31 +223,33 @@ class AttentionLayout:
             return torch.full_like(self.query_positions, self.key_positions.shape[-1])
         return self.lengths()
 
-    def remember(self, key: str, rows: slice, build):
-        """`build()` once per forward for the whole sequence (every layer asks the same); chunks are recomputed."""
-        if rows != slice(None):
+    def remember(self, key: str, rows: slice | None, build):
+        """`build()` once per forward for the whole sequence (rows None: every layer asks the same); chunks are
+        recomputed."""
+        if rows is not None:
             return build()
         if key not in self.memo:
             self.memo[key] = build()
         return self.memo[key]
 
-    def visible(self, config, rows: slice = slice(None)) -> torch.Tensor:
+    def visible(self, config, rows: slice | None = None) -> torch.Tensor:
         """Which keys each query of a chunk may see: [b, 1, c, kv] bool. A row that sees nothing (a padding query)
         sees everything instead, so every backend gives finite values there (they are ignored)."""
         return self.remember("visible", rows, lambda: self._visible(config, rows))
 
-    def _visible(self, config, rows: slice) -> torch.Tensor:
+    def _visible(self, config, rows: slice | None) -> torch.Tensor:
         device = self.key_positions.device
         valid = None if self.key_valid is None else self.key_valid[:, None, :]
         lengths = None if self.causal else self.lengths(rows)[:, :, None]
         query_seq = self.query_sequence(rows)
         key_idx = torch.arange(self.key_positions.shape[-1], device=device)
-        allowed = support(self.query_indices(rows)[None, :, None], key_idx[None, None], self.query_positions[:, rows, None],
+        allowed = support(self.query_indices(rows)[None, :, None], key_idx[None, None],
+                          self.query_positions[:, every_row(rows), None],
                           self.key_positions[:, None, :], valid, None if query_seq is None else query_seq[:, :, None],
                           None if self.key_sequence is None else self.key_sequence[:, None, :], lengths, config,
                           self.causal)
         if self.dense_mask is not None:
-            allowed = allowed & self.dense_mask[:, 0, rows]
+            allowed = allowed & self.dense_mask[:, 0, every_row(rows)]
         allowed = allowed | ~allowed.any(-1, keepdim=True)
         return allowed[:, None]
 

@@ -112,3 +112,22 @@ def test_flex_compiler_failure_falls_back_to_chunked_once(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert_close_on(mask, logits(model, ids, mask), expected)
+
+
+def test_flex_past_its_recompile_limit_warns_and_takes_the_chunked_path(monkeypatch):
+    """Every variant compiles the kernel once more; past the limit dynamo would run flex_attention unfused (T×T
+    scores, seen at 16k on a GPU). flex_angpt makes that an error: one warning, then the chunked path, same logits."""
+    monkeypatch.setattr(flex_angpt, "_compiled", None)
+    monkeypatch.setattr(flex_angpt, "_failed", False)
+    monkeypatch.setattr(flex_angpt, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    torch._dynamo.reset()
+    ids, mask = _inputs(2, 64, seed=1)
+    with pytest.warns(RuntimeWarning, match="compiling flex_attention failed"):
+        for transform, sparsity in sorted(FAST):
+            model = build(make_config(transform, sparsity, "angpt", {"rope_type": "default"},
+                                      attention_window=48, max_position_embeddings=128), "eager")
+            expected = logits(model, ids, mask)
+            model.set_attn_implementation("flex_attention")
+            assert_close_on(mask, logits(model, ids, mask), expected)
+    assert flex_angpt._failed
