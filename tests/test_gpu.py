@@ -14,6 +14,7 @@ from conftest import ARCHITECTURES
 from transformers import CompileConfig
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM, flex_angpt
+from modeling_angpt.masks_angpt import SPARSITIES
 from modeling_angpt.training.model_setup import compile_blocks
 
 pytestmark = [pytest.mark.gpu,
@@ -40,9 +41,13 @@ def test_cuda_bf16_backends_match_float32_eager(architecture, transform, sparsit
     torch.manual_seed(0)
     reference = AnGPTForCausalLM._from_config(config, attn_implementation="eager").cuda().eval()
     ids = torch.randint(0, config.vocab_size, (2, 48), device="cuda")
+    model = copy.deepcopy(reference).to(torch.bfloat16)
+    if SPARSITIES[sparsity].select is not None:
+        # A hard top-k of bf16-rounded scores picks other keys than float32 where scores nearly tie (GPT+ on an
+        # H200: 0.08-0.13 off, 0.004 without top-k; the same on a CPU): the bf16 eager model is the reference.
+        reference = model
     with torch.no_grad():
         expected = reference(input_ids=ids).logits.float()
-    model = copy.deepcopy(reference).to(torch.bfloat16)
     scale = expected.abs().max().item()
     for backend in [b for b in BACKENDS if supported(transform, sparsity, b)]:
         model.set_attn_implementation(backend)
