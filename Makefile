@@ -12,7 +12,7 @@ DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: venv install demo test bench clean
+.PHONY: venv install demo test bench bench-gpu clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/length_generalisation.py
 	$(VENV)/bin/python bench/needle.py
 	$(VENV)/bin/python bench/semantic_focus.py
+
+# The GPU checks and benchmarks on one CUDA GPU (tests marked gpu, 16k FlexAttention, compiled decoding, throughput).
+bench-gpu: $(STAMP)
+	PYTHON=$(VENV)/bin/python bash bench/gpu_suite.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info runs eval_results

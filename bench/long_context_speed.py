@@ -151,6 +151,7 @@ def main(argv=None) -> list:
     torch.backends.cudnn.allow_tf32 = False
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (1, args.length), generator=generator).to(args.device)
+    name = "long_context_speed" if args.device.startswith("cuda") else "long_context_speed_cpu"  # not the GPU's
     rows = []
     for transform, sparsity in (variant.split(":") for variant in args.variants):
         reference = None
@@ -162,7 +163,7 @@ def main(argv=None) -> list:
             print(transform, sparsity, backend, {k: v for k, v in row.items() if k != "logits"}, flush=True)
             text = section(args, rows, rf.command_line("long_context_speed.py", argv))
             if not args.no_write:  # after every row: a run stopped later keeps what it measured
-                rf.update_section("long_context_speed", text, args.results)
+                rf.update_section(name, text, args.results)
     print(text)
     return rows
 

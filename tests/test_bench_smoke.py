@@ -82,7 +82,7 @@ def test_long_context_speed_smoke(bench):
     assert ("scale_invariant", "none", "sdpa") not in ran  # not an additive bias: SDPA cannot compute it
     assert all(row["error"] < 1e-5 for (_, _, backend), row in rows if backend == "sdpa")
     text = results.read_text()
-    assert "<!-- long_context_speed:start -->" in text and "| alibi | none | sdpa |" in text
+    assert "<!-- long_context_speed_cpu:start -->" in text and "| alibi | none | sdpa |" in text
 
 
 def test_length_generalisation_and_needle_smoke(bench, tmp_path):
