@@ -22,6 +22,7 @@ import time
 import torch
 
 import results_file as rf
+from throughput import synchronize
 
 VARIANTS = [("none", "none"), ("alibi", "none"), ("scale_invariant", "none"), ("scale_invariant", "window")]
 BACKENDS = ("angpt_chunked", "flex_attention", "sdpa")
@@ -38,11 +39,6 @@ def build(args, transform: str, sparsity: str, backend: str):
                          attention_query_chunk_size=args.chunk, use_cache=False)
     torch.manual_seed(0)
     return AnGPTForCausalLM._from_config(config, attn_implementation=backend).to(args.device)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(fn, device: torch.device, repeats: int) -> tuple[float, float | None]:
@@ -154,8 +150,11 @@ def main(argv=None) -> list:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, args.vocab, (1, args.length), generator=generator).to(args.device)
     name = "long_context_speed" if args.device.startswith("cuda") else "long_context_speed_cpu"  # not the GPU's
+    variants = [tuple(v.split(":")) for v in args.variants]
+    if not any(backend_computes(b, t, s) for t, s in variants for b in args.backends):
+        parser.error("--backends: none of them computes any of --variants (configuration_angpt.backend_computes)")
     rows = []
-    for transform, sparsity in (variant.split(":") for variant in args.variants):
+    for transform, sparsity in variants:
         reference = None
         for backend in [b for b in args.backends if backend_computes(b, transform, sparsity)]:
             row = measure(args, transform, sparsity, backend, ids, reference)

@@ -194,6 +194,7 @@ def write(text: str, rows: dict, cfg: dict, device: torch.device, args) -> None:
     text += f"\n\n![tokens/s per model and mode]({rf.plot_link(args.results, f'{args.plots_dir}/{name}.png')})"
     rf.update_section(name, text, args.results)
 
+
 def plot(rows: dict, cfg: dict, path: str) -> None:
     import matplotlib
 
