@@ -65,21 +65,27 @@ def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> di
     return accuracy
 
 
-def number_recall(cfg: dict, variant: str, seed: int) -> dict:
-    """{multiple: share of needles whose 7-digit number appears in the answer line as a whole digit run, whatever
-    city it is paired with} from the evaluator's logged samples: a diagnostic, not the paper's metric, that
-    tells retrieval of the numbers apart from retrieval of the pairs (the strict accuracy needs both)."""
+def recall(cfg: dict, variant: str, seed: int) -> dict:
+    """{"numbers": {multiple: share}, "cities": {multiple: share}} from the evaluator's logged samples: the share
+    of needles whose 7-digit number appears in the answer line as a whole digit run, whatever city it is paired
+    with, and the share whose city is named in it (`City=`). Diagnostics, not the paper's metric: they tell
+    retrieval of the numbers and of the cities apart from retrieval of the pairs (the strict accuracy needs both)."""
     report = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune" / "needle_eval" / "needle.json"
     samples = json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
-    recall = {}
+    shares = {"numbers": {}, "cities": {}}
     for m in cfg["multiples"]:
-        found = total = 0
+        numbers_found = cities_found = total = 0
         for sample in samples.get(f"needle_x{m}", []):
-            runs = set(re.findall(r"\d+", sample["answer"].split("\n")[0]))
-            numbers = [pair.split("=")[1] for pair in sample["target"].split(";")]
-            found, total = found + sum(n in runs for n in numbers), total + len(numbers)
-        recall[m] = found / total if total else float("nan")
-    return recall
+            line = sample["answer"].split("\n")[0]
+            runs = set(re.findall(r"\d+", line))
+            named = {name.strip() for name in re.findall(r"([^;=\d]+)=", line)}
+            pairs = [pair.split("=") for pair in sample["target"].split(";")]
+            numbers_found += sum(number in runs for _, number in pairs)
+            cities_found += sum(city in named for city, _ in pairs)
+            total += len(pairs)
+        shares["numbers"][m] = numbers_found / total if total else float("nan")
+        shares["cities"][m] = cities_found / total if total else float("nan")
+    return shares
 
 
 def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
@@ -98,16 +104,19 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              rf.changed_settings(cfg, {**lg.SIZES[cfg["size"]], **lg.DEFAULTS, **FINETUNE[cfg["size"]],
                                        "ft_lr": lg.SIZES[cfg["size"]]["lr"]}, cfg["size"]), "",
              "| variant | " + " | ".join(f"accuracy at {m}L ({m * cfg['length']})" for m in ms) + " | "
-             + " | ".join(f"numbers recalled at {m}L" for m in ms) + " |",
-             "|---|" + "---|" * 2 * len(ms)]
+             + " | ".join(f"numbers recalled at {m}L" for m in ms) + " | "
+             + " | ".join(f"cities named at {m}L" for m in ms) + " |",
+             "|---|" + "---|" * 3 * len(ms)]
     for variant, by_seed in results.items():
         cells = [f"{statistics.fmean(r[m] for r in by_seed):.3f}" + (f" (seeds: {', '.join(f'{r[m]:.2f}' for r in by_seed)})"
                                                                        if len(by_seed) > 1 else "") for m in ms]
-        recalls = [number_recall(cfg, variant, seed) for seed in range(len(by_seed))]
-        cells += [f"{statistics.fmean(r[m] for r in recalls):.3f}" for m in ms]
+        recalls = [recall(cfg, variant, seed) for seed in range(len(by_seed))]
+        for kind in ("numbers", "cities"):
+            cells += [f"{statistics.fmean(r[kind][m] for r in recalls):.3f}" for m in ms]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     lines += ["", "Numbers recalled: share of needles whose number appears anywhere in the answer line, whatever "
-              "city it is paired with (from the evaluator's logged samples; a diagnostic, not the paper's metric)."]
+              "city it is paired with. Cities named: share of needles whose city the answer line names (`City=`). "
+              "Both from the evaluator's logged samples, means over seeds; diagnostics, not the paper's metric."]
     lines += ["", f"![needle accuracy against length]({png_link})"]
     return "\n".join(lines)
 
@@ -122,7 +131,7 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     width = 0.8 / len(ms)
     names = list(results)
-    recalls = {n: [number_recall(cfg, n, seed) for seed in range(len(results[n]))] for n in names}
+    recalls = {n: [recall(cfg, n, seed)["numbers"] for seed in range(len(results[n]))] for n in names}
     for axis, values, label in ((axes[0], results, "needle accuracy (city and number)"),
                                 (axes[1], recalls, "numbers recalled (any city)")):
         for i, m in enumerate(ms):

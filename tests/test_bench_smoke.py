@@ -102,6 +102,7 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     text = results.read_text()
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
     assert "numbers recalled at 4L" in text.split("<!-- needle:start -->")[1]
+    assert "cities named at 4L" in text.split("<!-- needle:start -->")[1]
     assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
     # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
@@ -206,9 +207,10 @@ def test_length_generalisation_jobs_train_the_same_models_as_one_job(bench, tmp_
         length_generalisation.main([*models, "--jobs", "0", *out])
 
 
-def test_needle_number_recall(bench, tmp_path):
-    """The diagnostic counts a needle when its number is a whole digit run of the answer's first line, with any
-    city; a number only inside a longer run, or after the newline, does not count."""
+def test_needle_recall_diagnostics(bench, tmp_path):
+    """A needle's number counts when it is a whole digit run of the answer's first line, with any city; a number
+    only inside a longer run, or after the newline, does not. Its city counts when that line names it as `City=`,
+    with any number; a city mentioned without `=` does not."""
     import needle
 
     cfg = {"output_dir": str(tmp_path), "multiples": [1, 4]}
@@ -218,5 +220,5 @@ def test_needle_number_recall(bench, tmp_path):
     report.write_text(json.dumps({"samples": {
         "needle_x1": [{"target": target, "answer": " Paris=1234567;Oslo=7654321;Rome=1111111"},
                       {"target": target, "answer": " Lima=5555555\nRome=7654321"}],
-        "needle_x4": [{"target": target, "answer": " Oslo=12345678;Rome=76543210"}]}}))
-    assert needle.number_recall(cfg, "RoPE", 0) == {1: 3 / 6, 4: 0.0}
+        "needle_x4": [{"target": target, "answer": " Oslo=12345678;Rome=76543210 Lima"}]}}))
+    assert needle.recall(cfg, "RoPE", 0) == {"numbers": {1: 3 / 6, 4: 0.0}, "cities": {1: 3 / 6, 4: 2 / 3}}
