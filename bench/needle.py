@@ -74,21 +74,21 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
     samples = json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
     shares = {"numbers": {}, "cities": {}}
     for m in cfg["multiples"]:
-        numbers_found = cities_found = total = 0
+        found, total = {"numbers": 0, "cities": 0}, 0
         for sample in samples.get(f"needle_x{m}", []):
             line = sample["answer"].split("\n")[0]
             runs = set(re.findall(r"\d+", line))
             named = {name.strip() for name in re.findall(r"([^;=\d]+)=", line)}
             pairs = [pair.split("=") for pair in sample["target"].split(";")]
-            numbers_found += sum(number in runs for _, number in pairs)
-            cities_found += sum(city in named for city, _ in pairs)
+            found["numbers"] += sum(number in runs for _, number in pairs)
+            found["cities"] += sum(city in named for city, _ in pairs)
             total += len(pairs)
-        shares["numbers"][m] = numbers_found / total if total else float("nan")
-        shares["cities"][m] = cities_found / total if total else float("nan")
+        for kind, count in found.items():
+            shares[kind][m] = count / total if total else float("nan")
     return shares
 
 
-def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
+def section(results: dict, recalls: dict, cfg: dict, command: str, png_link: str) -> str:
     ms = cfg["multiples"]
     lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
              + lg.title_suffix(cfg), "",
@@ -110,9 +110,8 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
     for variant, by_seed in results.items():
         cells = [f"{statistics.fmean(r[m] for r in by_seed):.3f}" + (f" (seeds: {', '.join(f'{r[m]:.2f}' for r in by_seed)})"
                                                                        if len(by_seed) > 1 else "") for m in ms]
-        recalls = [recall(cfg, variant, seed) for seed in range(len(by_seed))]
         for kind in ("numbers", "cities"):
-            cells += [f"{statistics.fmean(r[kind][m] for r in recalls):.3f}" for m in ms]
+            cells += [f"{statistics.fmean(r[kind][m] for r in recalls[variant]):.3f}" for m in ms]
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     lines += ["", "Numbers recalled: share of needles whose number appears anywhere in the answer line, whatever "
               "city it is paired with. Cities named: share of needles whose city the answer line names (`City=`). "
@@ -121,7 +120,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
+def plot(results: dict, recalls: dict, cfg: dict, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -131,9 +130,9 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     figure, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     width = 0.8 / len(ms)
     names = list(results)
-    recalls = {n: [recall(cfg, n, seed)["numbers"] for seed in range(len(results[n]))] for n in names}
+    numbers = {n: [r["numbers"] for r in recalls[n]] for n in names}
     for axis, values, label in ((axes[0], results, "needle accuracy (city and number)"),
-                                (axes[1], recalls, "numbers recalled (any city)")):
+                                (axes[1], numbers, "numbers recalled (any city)")):
         for i, m in enumerate(ms):
             axis.bar([j + i * width for j in range(len(names))],
                      [statistics.fmean(r[m] for r in values[n]) for n in names], width,
@@ -166,10 +165,13 @@ def main(argv=None):
     cfg.setdefault("ft_lr", cfg["lr"])
     results = lg.for_each_model(cfg, finetune_and_evaluate)
     png = pathlib.Path(cfg["plots_dir"]) / f"{lg.section_name('needle', cfg)}.png"
-    text = section(results, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
+    # the diagnostics of every model, read once from the evaluator's logged samples for the table and the plot
+    recalls = {variant: [recall(cfg, variant, seed) for seed in range(len(by_seed))]
+               for variant, by_seed in results.items()}
+    text = section(results, recalls, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
-        plot(results, cfg, png)
+        plot(results, recalls, cfg, png)
         rf.update_section(lg.section_name("needle", cfg), text, cfg["results"])
 
 
