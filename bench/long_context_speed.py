@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import statistics
 import time
+from unittest import mock
 
 import torch
 
@@ -27,6 +28,8 @@ from throughput import synchronize
 VARIANTS = [("none", "none"), ("alibi", "none"), ("scale_invariant", "none"), ("scale_invariant", "window")]
 BACKENDS = ("angpt_chunked", "flex_attention", "sdpa")
 KEEP = 64  # last positions whose logits are compared
+# flex_angpt.MASK_CHUNK_ELEMENTS values timed for the BlockMask build (the middle one is the library's default)
+MASK_CHUNKS = (1 << 20, 1 << 22, 1 << 24)
 
 
 def build(args, transform: str, sparsity: str, backend: str):
@@ -94,7 +97,32 @@ def measure(args, transform: str, sparsity: str, backend: str, ids: torch.Tensor
     return row
 
 
-def section(args, rows: list, command: str) -> str:
+def block_mask_costs(args, transform: str, sparsity: str, ids: torch.Tensor) -> dict:
+    """{elements per step: (median seconds, MiB held above the start or None on a CPU)} of building this layout's
+    BlockMask alone, for each of MASK_CHUNKS: the eager work a FlexAttention forward does once, before its layers."""
+    from modeling_angpt import flex_angpt
+
+    device = torch.device(args.device)
+    model = build(args, transform, sparsity, "angpt_chunked")
+    seen = {}
+    model.model.layers[0].self_attn.register_forward_pre_hook(lambda m, a, kwargs: seen.update(kwargs),
+                                                              with_kwargs=True)
+    with torch.no_grad():
+        model(ids, logits_to_keep=1)
+    length = ids.shape[1]
+    mask_mod, _ = flex_angpt.mods(model.config, seen["attention_layout"], device, 1, length, length)
+    del model
+    costs = {}
+    for chunk in MASK_CHUNKS:
+        before = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
+        with mock.patch.object(flex_angpt, "MASK_CHUNK_ELEMENTS", chunk):
+            seconds, peak = timed(lambda: flex_angpt.block_mask(mask_mod, 1, length, length, device), device,
+                                  args.repeats)
+        costs[chunk] = (seconds, None if peak is None else peak - before)
+    return costs
+
+
+def section(args, rows: list, masks: dict, command: str) -> str:
     device = torch.device(args.device)
     precision = "bf16 autocast" if device.type == "cuda" else "float32"
     where = "a GPU" if device.type == "cuda" else device.type.upper()
@@ -124,6 +152,18 @@ def section(args, rows: list, command: str) -> str:
             error += " (fell back to chunked)"
         lines.append(f"| {transform} | {sparsity} | {backend} | {error} | {ms(r['forward_s'])} | "
                      f"{mib(r['forward_mib'])} | {ms(r['train_s'])} | {mib(r['train_mib'])} |")
+    default = MASK_CHUNKS.index(1 << 22)
+    lines += ["", "Building the BlockMask alone (`flex_angpt.block_mask`, what a FlexAttention forward does once before "
+              "its layers) with at most 2^k (row, query, key) elements per step (`MASK_CHUNK_ELEMENTS`; 2^22 is the "
+              f"default): median ms of {args.repeats}, and the MiB it holds at its peak above what was allocated "
+              "before.", "",
+              "| logit transform | sparsity | " + " | ".join(
+                  f"2^{c.bit_length() - 1}{' (default)' if i == default else ''}: ms; MiB"
+                  for i, c in enumerate(MASK_CHUNKS)) + " |",
+              "|---|---|" + "---|" * len(MASK_CHUNKS)]
+    for (transform, sparsity), costs in masks.items():
+        lines.append(f"| {transform} | {sparsity} | " + " | ".join(
+            f"{ms(seconds)}; {mib(held)}" for seconds, held in costs.values()) + " |")
     return "\n".join(lines)
 
 
@@ -153,8 +193,10 @@ def main(argv=None) -> list:
     variants = [tuple(v.split(":")) for v in args.variants]
     if not any(backend_computes(b, t, s) for t, s in variants for b in args.backends):
         parser.error("--backends: none of them computes any of --variants (configuration_angpt.backend_computes)")
-    rows = []
+    rows, masks = [], {}
     for transform, sparsity in variants:
+        masks[transform, sparsity] = block_mask_costs(args, transform, sparsity, ids)
+        print(transform, sparsity, "block mask", masks[transform, sparsity], flush=True)
         reference = None
         for backend in [b for b in args.backends if backend_computes(b, transform, sparsity)]:
             row = measure(args, transform, sparsity, backend, ids, reference)
@@ -162,7 +204,7 @@ def main(argv=None) -> list:
                 reference = row["logits"]
             rows.append(((transform, sparsity, backend), row))
             print(transform, sparsity, backend, {k: v for k, v in row.items() if k != "logits"}, flush=True)
-            text = section(args, rows, rf.command_line("long_context_speed.py", argv))
+            text = section(args, rows, masks, rf.command_line("long_context_speed.py", argv))
             if not args.no_write:  # after every row: a run stopped later keeps what it measured
                 rf.update_section(name, text, args.results)
     print(text)

@@ -13,8 +13,9 @@ torch.compile then guards on tensor metadata, never on per-forward Python values
   captured tensor whose size is a dynamic symbol (`pos[b, kv_idx]` with pos of size [B, T]) emits a bound check
   naming an undeclared variable (`cur_kvSplitSize7`, `cur_qSplitSize7`: CppCompileError). Constant sizes avoid
   that code; a new capacity (a 2× longer context, a larger batch) compiles once more;
-- the BlockMask is built here, eagerly, from the same `mask_mod` over one 128-query block row at a time: no
-  compilation, O(128 × T) memory (torch's `create_block_mask` evaluates the whole [B, Q, KV] mask at once).
+- the BlockMask is built here, eagerly, from the same `mask_mod` over slabs of 128-query block rows: no
+  compilation, memory bounded by MASK_CHUNK_ELEMENTS (torch's `create_block_mask` evaluates the whole [B, Q, KV]
+  mask at once).
 
 If the compiler still fails, the caller gets None after one warning and runs the chunked eager path (same math).
 """
@@ -95,32 +96,35 @@ def mods(config, layout: AttentionLayout, device, batch: int, q_len: int, kv_len
 
 
 def block_mask(mask_mod, batch: int, q_len: int, kv_len: int, device):
-    """The BlockMask of `mask_mod` (batch × 1 head), evaluated one 128-query block row at a time (and a group of
-    batch rows small enough for MASK_CHUNK_ELEMENTS). Blocks that are entirely visible are 'full' (the kernel
-    skips mask_mod there), blocks with some visible keys 'partial'; positions past the lengths count as hidden."""
+    """The BlockMask of `mask_mod` (batch × 1 head), evaluated a slab of 128-query block rows and batch rows at a
+    time, at most MASK_CHUNK_ELEMENTS (row, query, key) elements each: few, large steps (one per 128 queries made
+    the 16k mask 128 launches of a few dozen small kernels), in bounded memory. Blocks that are entirely visible are
+    'full' (the kernel skips mask_mod there), blocks with some visible keys 'partial'; positions past the lengths
+    count as hidden."""
     from torch.nn.attention.flex_attention import BlockMask
 
     q_blocks, kv_blocks = -(-q_len // BLOCK), -(-kv_len // BLOCK)
     kv_idx = torch.arange(kv_blocks * BLOCK, device=device)
-    group = max(1, MASK_CHUNK_ELEMENTS // (BLOCK * kv_blocks * BLOCK))
+    row_elements = BLOCK * kv_blocks * BLOCK  # one batch row, one block row of queries
+    group = min(batch, max(1, MASK_CHUNK_ELEMENTS // row_elements))
+    rows = min(q_blocks, max(1, MASK_CHUNK_ELEMENTS // (row_elements * group)))
     head = torch.zeros((), dtype=torch.long, device=device)
     some, every = [], []
-    for start in range(0, q_blocks * BLOCK, BLOCK):
-        q_idx = torch.arange(start, start + BLOCK, device=device)
+    for start in range(0, q_blocks * BLOCK, rows * BLOCK):
+        q_idx = torch.arange(start, start + rows * BLOCK, device=device)
         inside = (q_idx[:, None] < q_len) & (kv_idx[None, :] < kv_len)
-        row_some, row_every = [], []
+        slab_some, slab_every = [], []
         for first in range(0, batch, group):
             b = torch.arange(first, min(first + group, batch), device=device)
             allowed = mask_mod(b[:, None, None], head, q_idx.clamp(max=q_len - 1)[None, :, None],
                                kv_idx.clamp(max=kv_len - 1)[None, None, :]) & inside
-            allowed = allowed.expand(-1, BLOCK, kv_blocks * BLOCK)  # rows: 1 when nothing depends on b
-            tiles = allowed.reshape(allowed.shape[0], BLOCK, kv_blocks, BLOCK)
-            row_some.append(tiles.any(3).any(1).expand(len(b), -1))
-            row_every.append(tiles.all(3).all(1).expand(len(b), -1))
-        some.append(torch.cat(row_some))
-        every.append(torch.cat(row_every))
-    full = torch.stack(every, 1)[:, None]  # [B, 1, q_blocks, kv_blocks]
-    partial = torch.stack(some, 1)[:, None] & ~full
+            tiles = allowed.reshape(allowed.shape[0], rows, BLOCK, kv_blocks, BLOCK)  # batch dim 1: no b in it
+            slab_some.append(tiles.any(4).any(2).expand(len(b), -1, -1))
+            slab_every.append(tiles.all(4).all(2).expand(len(b), -1, -1))
+        some.append(torch.cat(slab_some))
+        every.append(torch.cat(slab_every))
+    full = torch.cat(every, 1)[:, None, :q_blocks]  # [B, 1, q_blocks, kv_blocks]
+    partial = torch.cat(some, 1)[:, None, :q_blocks] & ~full
     return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=BLOCK, mask_mod=mask_mod,
                                     seq_lengths=(q_len, kv_len))
 

@@ -74,10 +74,14 @@ def test_compiled_flex_decoding_on_cpu_equals_eager_for_every_piece_size():
         assert_close_on(None, decode_incrementally(model, ids, None, prefill=20, steps=(step,)), reference)
 
 
-def test_flex_block_mask_equals_torch_create_block_mask():
-    # The eagerly built BlockMask (one 128-query block row at a time) holds the same blocks as torch's own.
+# elements per step, for 3 batch rows of 300 (3 block rows of 128 queries × 384 keys): one batch row and block row;
+# two batch rows; all batch rows and two block rows (the last slab overhangs); everything at once
+@pytest.mark.parametrize("chunk_elements", [1, 2 * 128 * 384, 6 * 128 * 384, 1 << 22])
+def test_flex_block_mask_equals_torch_create_block_mask(chunk_elements, monkeypatch):
+    # The eagerly built BlockMask (slabs of 128-query block rows and batch rows) holds the same blocks as torch's.
     from torch.nn.attention.flex_attention import create_block_mask
 
+    monkeypatch.setattr(flex_angpt, "MASK_CHUNK_ELEMENTS", chunk_elements)
     config = make_config("alibi", "window", "angpt", attention_window=100, attention_global_tokens=3)
     model = build(config, "flex_attention")
     ids, mask = _inputs(3, 300, seed=0)
