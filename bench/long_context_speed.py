@@ -28,7 +28,7 @@ from throughput import synchronize
 VARIANTS = [("none", "none"), ("alibi", "none"), ("scale_invariant", "none"), ("scale_invariant", "window")]
 BACKENDS = ("angpt_chunked", "flex_attention", "sdpa")
 KEEP = 64  # last positions whose logits are compared
-# flex_angpt.MASK_CHUNK_ELEMENTS values timed for the BlockMask build (the middle one is the library's default)
+# flex_angpt.MASK_CHUNK_ELEMENTS values timed for the BlockMask build (2^24: the default on CUDA, 2^22 elsewhere)
 MASK_CHUNKS = (1 << 20, 1 << 22, 1 << 24)
 
 
@@ -115,7 +115,7 @@ def block_mask_costs(args, transform: str, sparsity: str, ids: torch.Tensor) -> 
     costs = {}
     for chunk in MASK_CHUNKS:
         before = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
-        with mock.patch.object(flex_angpt, "MASK_CHUNK_ELEMENTS", chunk):
+        with mock.patch.dict(flex_angpt.MASK_CHUNK_ELEMENTS, {device.type: chunk}):
             seconds, peak = timed(lambda: flex_angpt.block_mask(mask_mod, 1, length, length, device), device,
                                   args.repeats)
         costs[chunk] = (seconds, None if peak is None else peak - before)
@@ -152,14 +152,16 @@ def section(args, rows: list, masks: dict, command: str) -> str:
             error += " (fell back to chunked)"
         lines.append(f"| {transform} | {sparsity} | {backend} | {error} | {ms(r['forward_s'])} | "
                      f"{mib(r['forward_mib'])} | {ms(r['train_s'])} | {mib(r['train_mib'])} |")
-    default = MASK_CHUNKS.index(1 << 22)
+    from modeling_angpt import flex_angpt
+
+    device_default = flex_angpt.MASK_CHUNK_ELEMENTS.get(device.type, flex_angpt.MASK_CHUNK_ELEMENTS_DEFAULT)
     lines += ["", "Building the BlockMask alone (`flex_angpt.block_mask`, what a FlexAttention forward does once before "
-              "its layers) with at most 2^k (row, query, key) elements per step (`MASK_CHUNK_ELEMENTS`; 2^22 is the "
-              f"default): median ms of {args.repeats}, and the MiB it holds at its peak above what was allocated "
-              "before.", "",
+              "its layers) with at most 2^k (row, query, key) elements per step (`MASK_CHUNK_ELEMENTS`; the default "
+              f"on {device.type}: 2^{device_default.bit_length() - 1}): median ms of {args.repeats}, and the MiB it "
+              "holds at its peak above what was allocated before.", "",
               "| logit transform | sparsity | " + " | ".join(
-                  f"2^{c.bit_length() - 1}{' (default)' if i == default else ''}: ms; MiB"
-                  for i, c in enumerate(MASK_CHUNKS)) + " |",
+                  f"2^{c.bit_length() - 1}{' (default)' if c == device_default else ''}: ms; MiB"
+                  for c in MASK_CHUNKS) + " |",
               "|---|---|" + "---|" * len(MASK_CHUNKS)]
     for (transform, sparsity), costs in masks.items():
         lines.append(f"| {transform} | {sparsity} | " + " | ".join(

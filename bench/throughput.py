@@ -48,10 +48,12 @@ def build_model(name: str, cfg: dict):
 
 
 def make_step(name: str, cfg: dict, device: torch.device, compiled: bool, dtype: torch.dtype):
+    from modeling_angpt.training.model_setup import compile_blocks
+
     model = build_model(name, cfg).to(device).train()
     raw = model
-    if compiled:
-        model = torch.compile(model)
+    if compiled:  # regional, as the recipes' torch_compile: one block's warm-up (a whole 12-layer model took minutes)
+        compile_blocks(model)
     optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-4, weight_decay=0.0)
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=generator).to(device)
@@ -132,7 +134,8 @@ def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.devic
              f"{rf.machine_line(device.type)} Load average at the start: {loads[0]}, at the end: {loads[1]}.", "",
              f"Shape (all four): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, MLP 4d SwiGLU, "
              f"vocab {cfg['vocab']}, untied head; {cfg['batch']}×{cfg['seq']} = {tokens:,} tokens per step, "
-             f"{precision_text}, sdpa attention. Step = forward, backward, AdamW, weight constraint. {cfg['rounds']} rounds "
+             f"{precision_text}, sdpa attention. Step = forward, backward, AdamW, weight constraint; 'compile' compiles each "
+             f"decoder block (regional compilation, as the recipes' `torch_compile: true`). {cfg['rounds']} rounds "
              f"after {cfg['warmup']} warm-up steps, models interleaved; medians. Llama is transformers' "
              "`LlamaForCausalLM` (full RoPE, gained RMSNorms, no QK-norm). MFU = model FLOPs per step / the "
              f"matmul peak measured in this run in the same precision ({cfg['peak_size']}³ matmul)."]

@@ -35,7 +35,11 @@ MIN_POSITIONS, MIN_ROWS = 1024, 8  # smallest capacities of the captured tensors
 # that runs several variants. Past this limit dynamo would run flex_attention unfused (T×T scores, seen on an H200
 # at 16k); it raises instead here, and the chunked path takes over with a warning.
 RECOMPILE_LIMIT = 64
-MASK_CHUNK_ELEMENTS = 1 << 22  # block-mask building: at most this many (row, query, key) elements at a time
+# Block-mask building: at most this many (row, query, key) elements per step, by device type. On an H200 at 16k
+# tokens the step count, not the arithmetic, sets the time: 2^22 took 23 ms (half a 44 ms flex forward), 2^24 5 ms
+# for 64-192 MiB held (bench/RESULTS.md, long_context_speed). A CPU computes rather than launches: 2^22 there.
+MASK_CHUNK_ELEMENTS = {"cuda": 1 << 24}
+MASK_CHUNK_ELEMENTS_DEFAULT = 1 << 22
 
 _compiled = None
 _failed = False  # a compiler error was seen: this process uses the chunked path from then on
@@ -97,7 +101,7 @@ def mods(config, layout: AttentionLayout, device, batch: int, q_len: int, kv_len
 
 def block_mask(mask_mod, batch: int, q_len: int, kv_len: int, device):
     """The BlockMask of `mask_mod` (batch × 1 head), evaluated a slab of 128-query block rows and batch rows at a
-    time, at most MASK_CHUNK_ELEMENTS (row, query, key) elements each: few, large steps (one per 128 queries made
+    time, at most MASK_CHUNK_ELEMENTS[device type] (row, query, key) elements each: few, large steps (one per 128 queries made
     the 16k mask 128 launches of a few dozen small kernels), in bounded memory. Blocks that are entirely visible are
     'full' (the kernel skips mask_mod there), blocks with some visible keys 'partial'; positions past the lengths
     count as hidden."""
@@ -105,9 +109,10 @@ def block_mask(mask_mod, batch: int, q_len: int, kv_len: int, device):
 
     q_blocks, kv_blocks = -(-q_len // BLOCK), -(-kv_len // BLOCK)
     kv_idx = torch.arange(kv_blocks * BLOCK, device=device)
+    chunk = MASK_CHUNK_ELEMENTS.get(torch.device(device).type, MASK_CHUNK_ELEMENTS_DEFAULT)
     row_elements = BLOCK * kv_blocks * BLOCK  # one batch row, one block row of queries
-    group = min(batch, max(1, MASK_CHUNK_ELEMENTS // row_elements))
-    rows = min(q_blocks, max(1, MASK_CHUNK_ELEMENTS // (row_elements * group)))
+    group = min(batch, max(1, chunk // row_elements))
+    rows = min(q_blocks, max(1, chunk // (row_elements * group)))
     head = torch.zeros((), dtype=torch.long, device=device)
     some, every = [], []
     for start in range(0, q_blocks * BLOCK, rows * BLOCK):

@@ -81,7 +81,7 @@ def test_flex_block_mask_equals_torch_create_block_mask(chunk_elements, monkeypa
     # The eagerly built BlockMask (slabs of 128-query block rows and batch rows) holds the same blocks as torch's.
     from torch.nn.attention.flex_attention import create_block_mask
 
-    monkeypatch.setattr(flex_angpt, "MASK_CHUNK_ELEMENTS", chunk_elements)
+    monkeypatch.setitem(flex_angpt.MASK_CHUNK_ELEMENTS, "cpu", chunk_elements)
     config = make_config("alibi", "window", "angpt", attention_window=100, attention_global_tokens=3)
     model = build(config, "flex_attention")
     ids, mask = _inputs(3, 300, seed=0)
