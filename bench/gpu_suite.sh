@@ -34,13 +34,13 @@ step() {
 }
 
 xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
-# limits from the H200 runs: tests 87 s, long context ~15 s a row, compiled decoding 93 s; throughput's eager half
-# ~40 s, its compiled half (four whole-model compiles) longer than the rest of a 10-minute call
-step 120 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
+# limits from the H200 runs: tests 87-114 s, long context ~15 s a row, compiled decoding 93 s, throughput 153 s
+# (eager, then compiled per block), the 0.5B step time with ablations ~140 s
+step 150 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
 tests_line=$(grep -E "[0-9]+ (passed|failed).* in [0-9.]+s" $LOG | tail -1)
 step 170 long_context $PY bench/long_context_speed.py
 step 110 compiled_decoding $PY bench/inference_speed.py --device cuda --compile --dtype bfloat16 --repeats 3
-step 170 throughput $PY bench/throughput.py --device cuda
+step 200 throughput $PY bench/throughput.py --device cuda
 step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --compile --ablations --hidden 1024 \
     --layers 24 --vocab 50304 --batch 8 --seq 2048 --rounds 10 --warmup 3 --section train_step_time_gpu
 step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
