@@ -154,11 +154,11 @@ def section(args, rows: list, masks: dict, command: str) -> str:
                      f"{mib(r['forward_mib'])} | {ms(r['train_s'])} | {mib(r['train_mib'])} |")
     from modeling_angpt import flex_angpt
 
-    device_default = flex_angpt.MASK_CHUNK_ELEMENTS.get(device.type, flex_angpt.MASK_CHUNK_ELEMENTS_DEFAULT)
-    lines += ["", "Building the BlockMask alone (`flex_angpt.block_mask`, what a FlexAttention forward does once before "
-              "its layers) with at most 2^k (row, query, key) elements per step (`MASK_CHUNK_ELEMENTS`; the default "
-              f"on {device.type}: 2^{device_default.bit_length() - 1}): median ms of {args.repeats}, and the MiB it "
-              "holds at its peak above what was allocated before.", "",
+    device_default = flex_angpt.mask_chunk_elements(device)
+    lines += ["", "Building the BlockMask alone (`flex_angpt.block_mask`, what a FlexAttention forward does once "
+              "before its layers) with at most 2^k (row, query, key) elements per step (`MASK_CHUNK_ELEMENTS`; the "
+              f"default on {device.type}: 2^{device_default.bit_length() - 1}): median ms of {args.repeats}, and the "
+              "MiB it holds at its peak above what was allocated before.", "",
               "| logit transform | sparsity | " + " | ".join(
                   f"2^{c.bit_length() - 1}{' (default)' if c == device_default else ''}: ms; MiB"
                   for c in MASK_CHUNKS) + " |",

@@ -134,9 +134,9 @@ def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.devic
              f"{rf.machine_line(device.type)} Load average at the start: {loads[0]}, at the end: {loads[1]}.", "",
              f"Shape (all four): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, MLP 4d SwiGLU, "
              f"vocab {cfg['vocab']}, untied head; {cfg['batch']}×{cfg['seq']} = {tokens:,} tokens per step, "
-             f"{precision_text}, sdpa attention. Step = forward, backward, AdamW, weight constraint; 'compile' compiles each "
-             f"decoder block (regional compilation, as the recipes' `torch_compile: true`). {cfg['rounds']} rounds "
-             f"after {cfg['warmup']} warm-up steps, models interleaved; medians. Llama is transformers' "
+             f"{precision_text}, sdpa attention. Step = forward, backward, AdamW, weight constraint; 'compile' "
+             "compiles each decoder block (regional compilation, as the recipes' `torch_compile: true`). "
+             f"{cfg['rounds']} rounds after {cfg['warmup']} warm-up steps, models interleaved; medians. Llama is transformers' "
              "`LlamaForCausalLM` (full RoPE, gained RMSNorms, no QK-norm). MFU = model FLOPs per step / the "
              f"matmul peak measured in this run in the same precision ({cfg['peak_size']}³ matmul)."]
     for mode in rows:

@@ -99,17 +99,22 @@ def mods(config, layout: AttentionLayout, device, batch: int, q_len: int, kv_len
     return mask_mod, score_mod
 
 
+def mask_chunk_elements(device) -> int:
+    """At most this many (row, query, key) elements per step of `block_mask` on `device`."""
+    return MASK_CHUNK_ELEMENTS.get(torch.device(device).type, MASK_CHUNK_ELEMENTS_DEFAULT)
+
+
 def block_mask(mask_mod, batch: int, q_len: int, kv_len: int, device):
     """The BlockMask of `mask_mod` (batch × 1 head), evaluated a slab of 128-query block rows and batch rows at a
-    time, at most MASK_CHUNK_ELEMENTS[device type] (row, query, key) elements each: few, large steps (one per 128 queries made
-    the 16k mask 128 launches of a few dozen small kernels), in bounded memory. Blocks that are entirely visible are
-    'full' (the kernel skips mask_mod there), blocks with some visible keys 'partial'; positions past the lengths
-    count as hidden."""
+    time, at most MASK_CHUNK_ELEMENTS[device type] (row, query, key) elements each: few, large steps (one step per
+    128 queries made the 16k mask 128 launches of a few dozen small kernels), in bounded memory. Blocks that are
+    entirely visible are 'full' (the kernel skips mask_mod there), blocks with some visible keys 'partial';
+    positions past the lengths count as hidden."""
     from torch.nn.attention.flex_attention import BlockMask
 
     q_blocks, kv_blocks = -(-q_len // BLOCK), -(-kv_len // BLOCK)
     kv_idx = torch.arange(kv_blocks * BLOCK, device=device)
-    chunk = MASK_CHUNK_ELEMENTS.get(torch.device(device).type, MASK_CHUNK_ELEMENTS_DEFAULT)
+    chunk = mask_chunk_elements(device)
     row_elements = BLOCK * kv_blocks * BLOCK  # one batch row, one block row of queries
     group = min(batch, max(1, chunk // row_elements))
     rows = min(q_blocks, max(1, chunk // (row_elements * group)))
