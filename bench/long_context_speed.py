@@ -32,16 +32,22 @@ KEEP = 64  # last positions whose logits are compared
 MASK_CHUNKS = (1 << 20, 1 << 22, 1 << 24)
 
 
-def build(args, transform: str, sparsity: str, backend: str):
-    from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+def model_config(args, transform: str, sparsity: str):
+    from modeling_angpt import AnGPTConfig
 
-    config = AnGPTConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
-                         num_attention_heads=args.heads, max_position_embeddings=args.length, architecture="angpt",
-                         rope_parameters={"rope_type": "scale_invariant_p"}, attention_logit_transform=transform,
-                         attention_sparsity=sparsity, attention_window=args.window,
-                         attention_query_chunk_size=args.chunk, use_cache=False)
+    return AnGPTConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                       num_attention_heads=args.heads, max_position_embeddings=args.length, architecture="angpt",
+                       rope_parameters={"rope_type": "scale_invariant_p"}, attention_logit_transform=transform,
+                       attention_sparsity=sparsity, attention_window=args.window,
+                       attention_query_chunk_size=args.chunk, use_cache=False)
+
+
+def build(args, transform: str, sparsity: str, backend: str):
+    from modeling_angpt import AnGPTForCausalLM
+
     torch.manual_seed(0)
-    return AnGPTForCausalLM._from_config(config, attn_implementation=backend).to(args.device)
+    return AnGPTForCausalLM._from_config(model_config(args, transform, sparsity),
+                                         attn_implementation=backend).to(args.device)
 
 
 def timed(fn, device: torch.device, repeats: int) -> tuple[float, float | None]:
@@ -97,21 +103,18 @@ def measure(args, transform: str, sparsity: str, backend: str, ids: torch.Tensor
     return row
 
 
-def block_mask_costs(args, transform: str, sparsity: str, ids: torch.Tensor) -> dict:
-    """{elements per step: (median seconds, MiB held above the start or None on a CPU)} of building this layout's
-    BlockMask alone, for each of MASK_CHUNKS: the eager work a FlexAttention forward does once, before its layers."""
+def block_mask_costs(args, transform: str, sparsity: str) -> dict:
+    """{elements per step: (median seconds, MiB held above the start or None on a CPU)} of building the BlockMask of
+    one unpadded row of args.length tokens alone, for each of MASK_CHUNKS: the eager work a FlexAttention forward
+    does once, before its layers (from the layout AnGPTModel.forward builds for it)."""
     from modeling_angpt import flex_angpt
+    from modeling_angpt.masks_angpt import AttentionLayout
 
     device = torch.device(args.device)
-    model = build(args, transform, sparsity, "angpt_chunked")
-    seen = {}
-    model.model.layers[0].self_attn.register_forward_pre_hook(lambda m, a, kwargs: seen.update(kwargs),
-                                                              with_kwargs=True)
-    with torch.no_grad():
-        model(ids, logits_to_keep=1)
-    length = ids.shape[1]
-    mask_mod, _ = flex_angpt.mods(model.config, seen["attention_layout"], device, 1, length, length)
-    del model
+    config = model_config(args, transform, sparsity)
+    length = args.length
+    layout = AttentionLayout.build(config, None, torch.arange(length, device=device)[None], None, 0, 1, False)
+    mask_mod, _ = flex_angpt.mods(config, layout, device, 1, length, length)
     costs = {}
     for chunk in MASK_CHUNKS:
         before = torch.cuda.memory_allocated(device) / 2**20 if device.type == "cuda" else None
@@ -123,6 +126,8 @@ def block_mask_costs(args, transform: str, sparsity: str, ids: torch.Tensor) -> 
 
 
 def section(args, rows: list, masks: dict, command: str) -> str:
+    from modeling_angpt import flex_angpt
+
     device = torch.device(args.device)
     precision = "bf16 autocast" if device.type == "cuda" else "float32"
     where = "a GPU" if device.type == "cuda" else device.type.upper()
@@ -152,8 +157,6 @@ def section(args, rows: list, masks: dict, command: str) -> str:
             error += " (fell back to chunked)"
         lines.append(f"| {transform} | {sparsity} | {backend} | {error} | {ms(r['forward_s'])} | "
                      f"{mib(r['forward_mib'])} | {ms(r['train_s'])} | {mib(r['train_mib'])} |")
-    from modeling_angpt import flex_angpt
-
     device_default = flex_angpt.mask_chunk_elements(device)
     lines += ["", "Building the BlockMask alone (`flex_angpt.block_mask`, what a FlexAttention forward does once "
               "before its layers) with at most 2^k (row, query, key) elements per step (`MASK_CHUNK_ELEMENTS`; the "
@@ -197,7 +200,7 @@ def main(argv=None) -> list:
         parser.error("--backends: none of them computes any of --variants (configuration_angpt.backend_computes)")
     rows, masks = [], {}
     for transform, sparsity in variants:
-        masks[transform, sparsity] = block_mask_costs(args, transform, sparsity, ids)
+        masks[transform, sparsity] = block_mask_costs(args, transform, sparsity)
         print(transform, sparsity, "block mask", masks[transform, sparsity], flush=True)
         reference = None
         for backend in [b for b in args.backends if backend_computes(b, transform, sparsity)]:
