@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convergence of anGPT and nGPT against GPT+ (SPEC §5: 1.40× / 1.29× fewer tokens to the same loss at 0.5B).
+"""Convergence of anGPT and nGPT against GPT+ (the anGPT paper: 1.40× / 1.29× fewer tokens to the same loss at 0.5B).
 
 GPT+, nGPT and anGPT of one shape train on the Debian benchmark corpus (bench/build_corpus.sh, ~20 M tokens:
 no run sees a block twice), each with its paper recipe (SPEC §1: GPT+ AdamW, weight decay 0.1, 20 % warm-up;
@@ -250,7 +250,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     available = next((r["train_tokens_available"] for r in runs if r.get("train_tokens_available")), None)
     partial = summary["missing"]
     dataset = os.path.relpath(cfg["dataset"]) if os.path.isabs(cfg["dataset"]) else cfg["dataset"]
-    lines = ["## Convergence: tokens to GPT+'s final validation loss (SPEC §5: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
+    lines = ["## Convergence: tokens to GPT+'s final validation loss (the anGPT paper: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
              f"`{command}`", "",
              f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
              f"MLP 4d, vocab {cfg['vocab']} (byte-level BPE on the corpus), context {cfg['block']}; "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Length generalisation (scale-invariant paper, Table 1; SPEC §5): identical small models trained at length L
+"""Length generalisation (scale-invariant paper, Table 1): identical small models trained at length L
 with six position/logit variants, evaluated with the length evaluator (`angpt eval --suite length`) at L, 4L, 16L.
 
 Paper (162M, L = 4k, val loss at 4k/16k/64k): RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Long context on a GPU (SPEC §3): one T-token forward and one training step per attention backend, with the
+"""Long context on a GPU (docs/attention.md): one T-token forward and one training step per attention backend, with the
 time, the peak device memory, and the agreement of the last positions' logits with the eager math.
 
 For each (logit transform, sparsity) the backends that compute it exactly (configuration_angpt.backend_computes)

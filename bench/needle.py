@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Needle retrieval (scale-invariant paper, Table 2; SPEC §4/§5): the models of bench/length_generalisation.py,
+"""Needle retrieval (scale-invariant paper, Table 2): the models of bench/length_generalisation.py,
 each fine-tuned with the needle recipe at its training length L, then asked for three needles at L and 4L.
 
 Paper (162M, fine-tuned 300 steps at 4k, tested at 64k): scale-invariant p-RoPE 0.969, LogN+p-RoPE 0.939, every

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Semantic focus (Ram et al., SPEC §5): full vs top-k (k=5) vs window (5) vs block (5) attention on Even Pairs,
+"""Semantic focus (Ram et al.): full vs top-k (k=5) vs window (5) vs block (5) attention on Even Pairs,
 Parity and ListOps with the paper's protocol (`angpt semantic-focus`: bidirectional classifier, mean pooling,
 SGD + StepLR, batch 25, clip 0.5), several seeds. Reports the first epoch with ≥ 95 % training accuracy (the
 paper's convergence criterion) and the held-out accuracy, writes its section of bench/RESULTS.md and
@@ -248,7 +248,7 @@ def main(argv=None) -> dict:
     lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
              f"`{command}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
              f"thread(s) each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
-             f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, SPEC §4): {backbone}; SGD batch 25, "
+             f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, Ram et al.): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
              "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]

@@ -130,7 +130,7 @@ def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.devic
     tokens = cfg["batch"] * cfg["seq"]
     where = "" if device.type == "cpu" else f", on {device.type.upper()}"
     lines = [f"## Training throughput and MFU{where}: anGPT, nGPT, GPT+ and Llama, eager and torch.compile "
-             "(SPEC §5: anGPT +2.75 %, nGPT +9.6 % step time over GPT+ on 4×A100)", "", f"`{command}`", "",
+             "(the anGPT paper: anGPT +2.75 %, nGPT +9.6 % step time over GPT+ on 4×A100)", "", f"`{command}`", "",
              f"{rf.machine_line(device.type)} Load average at the start: {loads[0]}, at the end: {loads[1]}.", "",
              f"Shape (all four): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, MLP 4d SwiGLU, "
              f"vocab {cfg['vocab']}, untied head; {cfg['batch']}×{cfg['seq']} = {tokens:,} tokens per step, "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Training step time of GPT+, nGPT and anGPT of one shape, measured side by side (SPEC §5: the paper reports
+"""Training step time of GPT+, nGPT and anGPT of one shape, measured side by side (the anGPT paper reports
 anGPT +2.75 % and nGPT +9.6 % over GPT+ on 4×A100 with torch.compile).
 
 A step = forward + backward + Adam step + the architecture's weight constraint. The architectures are
@@ -122,7 +122,7 @@ def main(argv=None):
                                           ("--ablations", args.ablations)) if on)
     lines = [
         f"## Training step time{', compiled' if args.compile else ''}: GPT+ vs anGPT vs nGPT "
-        "(SPEC §5: +2.75 % / +9.6 % on 4×A100, compiled)", "",
+        "(the anGPT paper: +2.75 % / +9.6 % on 4×A100, compiled)", "",
         f"`bench/train_step_time.py{flags} --device {args.device}` on {device}, torch {torch.__version__}: "
         f"d={args.hidden}, L={args.layers}, V={args.vocab}, {args.batch}×{args.seq} tokens, "
         f"{'bf16 autocast' if args.bf16 else 'float32'}, sdpa; a step = forward, backward, Adam, weight constraint"

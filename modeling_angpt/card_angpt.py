@@ -89,7 +89,7 @@ def model_card_text(config, card_info: dict | None = None, model_id: str | None 
                "hidden_size": config.hidden_size, "num_hidden_layers": config.num_hidden_layers,
                "num_attention_heads": config.num_attention_heads, "vocab_size": config.vocab_size,
                "train_tokens": info.get("train_tokens"), "val_loss": info.get("val_loss")})
-    form = ("**Folded inference form** (SPEC §2): every constant is in the weights; this checkpoint runs "
+    form = ("**Folded inference form**: every constant is in the weights; this checkpoint runs "
             "inference only and refuses training." if config.folded else
             "Training form: fine-tune it, or fold it for inference with `angpt export SRC DST`.")
     lines = [

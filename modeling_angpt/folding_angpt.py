@@ -26,7 +26,7 @@ from .architectures_angpt import ARCHITECTURES, AnGPT, Architecture, GPTPlus, NG
 from .layers_angpt import AddResidual, ApproxLerp, L2Norm, NormalizedLerp, RMSNorm, Scale
 
 FOLDED_TRAINING_ERROR = (
-    "this model is a folded inference checkpoint (config.folded=True, SPEC §2): its weights carry the "
+    "this model is a folded inference checkpoint (config.folded=True, docs/inference-fold.md): its weights carry the "
     "ν constants, scales and residual rescaling of the training form, so they no longer satisfy the "
     "architecture's weight constraint and cannot be trained. Train the unfolded checkpoint and export again.")
 
@@ -194,10 +194,10 @@ class _Stream:
             raise ValueError(
                 f"cannot fold {name}: the cumulative stream scale D = ∏(ν(α)(1 − α)) is 0 or below the smallest "
                 f"{target_dtype} number in channels {channels} (1 − α is 0 there, or D underflowed); the fold "
-                "would divide by it (SPEC §2). Refusing to write inf/NaN weights.")
+                "would divide by it (docs/inference-fold.md). Refusing to write inf/NaN weights.")
         out = beta / D_next
         if not torch.isfinite(out.to(target_dtype)).all():
-            raise ValueError(f"cannot fold {name}: β/D overflows {target_dtype} (D underflowed; SPEC §2)")
+            raise ValueError(f"cannot fold {name}: β/D overflows {target_dtype} (D underflowed; docs/inference-fold.md)")
         self.D = D_next
         return out
 

@@ -26,14 +26,24 @@ def test_readme_usage_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "my-angpt" / "model.safetensors").is_file()
 
 
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors a Markdown renderer gives `page`'s headings: lower case, ASCII letters, digits, '-' and '_'
+    kept, spaces to '-', everything else dropped (so "(§5: 1.40×)" leaves "5-140")."""
+    headings = [line.lstrip("#").strip().lower() for line in page.read_text().splitlines() if line.startswith("#")]
+    return {"".join(c for c in h if (c.isascii() and c.isalnum()) or c in " -_").replace(" ", "-") for h in headings}
+
+
 def test_readme_and_docs_stand_alone():
-    """Every link and every file the README names exists in the repository; nothing points outside it."""
-    for page in [README, *sorted((REPO / "docs").glob("*.md"))]:
+    """Every link (anchors included) and every file the README names exists in the repository; nothing points
+    outside it, not even by name (the project's specification is not shipped, so no page cites it)."""
+    for page in [README, *sorted((REPO / "docs").glob("*.md")), REPO / "bench" / "RESULTS.md"]:
         text = page.read_text()
-        assert not re.search(r"SPEC\.md|DESIGN\.md|research/|\.\./shared|shared/", text), page
-        for target in re.findall(r"\]\(([^)#]+)\)", text):
+        assert not re.search(r"SPEC\.md|DESIGN\.md|research/|\.\./shared|shared/|\bSPEC\b", text), page
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", text):
             assert not target.startswith(("http", "/", "..")), (page, target)
             assert (page.parent / target).exists(), (page, target)
+            if anchor:
+                assert anchor in heading_anchors(page.parent / target if target else page), (page, target, anchor)
     named = set(re.findall(r"`((?:docs|configuration|conversion|bench|tests|modeling_angpt)/[\w./-]+)`",
                            README.read_text()))
     assert named and all((REPO / path).exists() for path in named), [p for p in named if not (REPO / p).exists()]

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backbone", default="library", choices=("library", "paper"),
                         help="library: AnGPTForSequenceClassification (--architecture, RoPE); paper: the paper's "
                         "encoder (sinusoidal positions, non-affine LayerNorm, ReLU MLP; saved as state_dict + JSON)")
-    attention = parser.add_argument_group("attention (SPEC §3)")
+    attention = parser.add_argument_group("attention (docs/attention.md)")
     attention.add_argument("--attention-sparsity", default="none", choices=("none", "topk", "window", "block"))
     attention.add_argument("--attention-topk", type=int, default=5)
     attention.add_argument("--attention-window", type=int, default=5)
