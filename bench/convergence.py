@@ -250,7 +250,8 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     available = next((r["train_tokens_available"] for r in runs if r.get("train_tokens_available")), None)
     partial = summary["missing"]
     dataset = os.path.relpath(cfg["dataset"]) if os.path.isabs(cfg["dataset"]) else cfg["dataset"]
-    lines = ["## Convergence: tokens to GPT+'s final validation loss (the anGPT paper: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
+    lines = ["## Convergence: tokens to GPT+'s final validation loss "
+             "(the anGPT paper: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
              f"`{command}`", "",
              f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
              f"MLP 4d, vocab {cfg['vocab']} (byte-level BPE on the corpus), context {cfg['block']}; "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Inference tokens/s: folded anGPT vs folded GPT+ vs transformers' LlamaForCausalLM of the same shape (docs/inference-fold.md).
+"""Inference tokens/s: folded anGPT vs folded GPT+ vs transformers' Llama of one shape (docs/inference-fold.md).
 
     python bench/inference_speed.py [--hidden 512 --layers 8 --heads 8 --vocab 16384 --repeats 7] [--compile]
                                     [--device cuda --dtype bfloat16]

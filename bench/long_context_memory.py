@@ -1,4 +1,4 @@
-"""Peak memory of a 16k-token forward on CPU through the chunked eager path and compiled FlexAttention (docs/attention.md:
+"""Peak memory of a 16k-token forward on CPU, chunked eager path vs compiled FlexAttention (docs/attention.md:
 long context on CPU must not materialise a T×T tensor per head).
 
 Each measurement runs in a fresh interpreter: a short warm-up forward (FlexAttention compiles there), then the

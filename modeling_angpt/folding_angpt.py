@@ -197,7 +197,8 @@ class _Stream:
                 "would divide by it (docs/inference-fold.md). Refusing to write inf/NaN weights.")
         out = beta / D_next
         if not torch.isfinite(out.to(target_dtype)).all():
-            raise ValueError(f"cannot fold {name}: β/D overflows {target_dtype} (D underflowed; docs/inference-fold.md)")
+            raise ValueError(f"cannot fold {name}: β/D overflows {target_dtype} "
+                             "(D underflowed; docs/inference-fold.md)")
         self.D = D_next
         return out
 
