@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Long context on a GPU (docs/attention.md): one T-token forward and one training step per attention backend, with the
-time, the peak device memory, and the agreement of the last positions' logits with the eager math.
+"""Long context on a GPU (docs/attention.md): one T-token forward and one training step per attention backend,
+with the time, the peak device memory, and the agreement of the last positions' logits with the eager math.
 
 For each (logit transform, sparsity) the backends that compute it exactly (configuration_angpt.backend_computes)
 run the same anGPT model: `angpt_chunked` (the eager math, a chunk of queries at a time), compiled
@@ -113,7 +113,8 @@ def block_mask_costs(args, transform: str, sparsity: str) -> dict:
     device = torch.device(args.device)
     config = model_config(args, transform, sparsity)
     length = args.length
-    layout = AttentionLayout.build(config, None, torch.arange(length, device=device)[None], None, 0, 1, False)
+    layout = AttentionLayout.build(config, attention_mask=None, position_ids=torch.arange(length, device=device)[None],
+                                   cache=None, past_seen=0, batch=1, packed=False)
     mask_mod, _ = flex_angpt.mods(config, layout, device, 1, length, length)
     costs = {}
     for chunk in MASK_CHUNKS:
