@@ -72,15 +72,9 @@ def cpu_name() -> str:
     (AVX2 only: no native bfloat16, ~100x slower in bf16; AVX512 with AMX: bf16 2-3x faster than float32)."""
     import torch
 
-    name = platform.processor() or platform.machine()
-    try:
-        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name} ({torch.backends.cpu.get_cpu_capability()})"
+    from modeling_angpt.training.metrics import cpu_model
+
+    return f"{cpu_model()} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def load_average() -> str:

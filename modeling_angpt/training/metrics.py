@@ -32,15 +32,18 @@ def device_name(device: torch.device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = platform.processor() or platform.machine()
+    return f"{cpu_model()} ({torch.get_num_threads()} threads)"
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo (Linux), else what `platform` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return f"{model} ({torch.get_num_threads()} threads)"
+    return platform.processor() or platform.machine()
 
 
 def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.bfloat16, size: int | None = None,
