@@ -354,7 +354,7 @@ def plot(summary: dict, path: pathlib.Path) -> None:
 
 
 def parse_config(argv) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     parser.add_argument("--size", choices=SIZES, default="default")
     parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device)")
     for name in ("hidden", "layers", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):

@@ -29,6 +29,7 @@ from transformers.cache_utils import DynamicCache, StaticCache
 
 import modeling_angpt  # noqa: F401
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from results_file import help_description
 
 
 EAGER_ANGPT = "anGPT (folded, eager dynamic cache)"  # --compile: the folded weights on the eager path
@@ -113,7 +114,7 @@ def decode_time(model, ids, steps, compiled=False, capacity=None):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--heads", type=int, default=8)

@@ -387,7 +387,7 @@ def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     common_arguments(parser)
     cfg = resolve(parser.parse_args(argv))
     results = for_each_model(cfg, train_and_evaluate)

@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 
-from results_file import machine_line, update_section
+from results_file import help_description, machine_line, update_section
 
 CHILD = r"""
 import json, sys, time
@@ -106,7 +106,7 @@ def write_section(args, rows: list[tuple[str, dict]], reading: str = "") -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--chunk", type=int, default=512)
     parser.add_argument("--hidden", type=int, default=128)

@@ -176,7 +176,7 @@ def section(args, rows: list, masks: dict, command: str) -> str:
 def main(argv=None) -> list:
     from modeling_angpt.configuration_angpt import backend_computes
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--hidden", type=int, default=512)

@@ -148,7 +148,7 @@ def finetune_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     lg.common_arguments(parser)
     for name in ("ft_steps", "ft_batch", "examples"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")

@@ -67,6 +67,11 @@ def command_line(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", f"bench/{script}", *map(shlex.quote, argv)])
 
 
+def help_description(doc: str) -> str:
+    """A script's --help description: its docstring's first paragraph, in one line (argparse wraps it)."""
+    return " ".join(doc.split("\n\n", 1)[0].split())
+
+
 def cpu_name() -> str:
     """The CPU's model name and the vector extension torch's kernels use on it: CPUs sold under one name differ
     (AVX2 only: no native bfloat16, ~100x slower in bf16; AVX512 with AMX: bf16 2-3x faster than float32)."""

@@ -35,8 +35,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from results_file import (add_output_arguments, command_line, cpu_name, plot_link, save_figure,  # noqa: E402
-                          update_section)
+from results_file import (add_output_arguments, command_line, cpu_name, help_description, plot_link,  # noqa: E402
+                          save_figure, update_section)
 
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
@@ -181,7 +181,7 @@ def machine() -> str:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     profile = parser.add_mutually_exclusive_group()
     profile.add_argument("--quick", action="store_true", help="1 seed, small sets, a few epochs (minutes)")
     profile.add_argument("--paper", action="store_true", help="the paper's sizes and epoch budgets (for a GPU)")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Training throughput and MFU: anGPT, GPT+, nGPT and transformers' LlamaForCausalLM of one shape, under one loop,
-eager and torch.compile (SPEC §5 reports step times on 4×A100: GPT+ 0.1416 s, anGPT +2.75 %, nGPT +9.6 %).
+eager and torch.compile (the anGPT paper reports step times on 4×A100: GPT+ 0.1416 s, anGPT +2.75 %, nGPT +9.6 %).
 
 A step = forward, backward, AdamW step, zero_grad and the architecture's weight constraint (anGPT's row ball,
 nGPT's unit norm; GPT+ and Llama have none), under bf16 autocast (--precision; by default float32 on a CPU without
@@ -156,7 +156,7 @@ def section(rows: dict, cfg: dict, peak: dict, command: str, device: torch.devic
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     parser.add_argument("--size", choices=SIZES, default="default")
     parser.add_argument("--device", default=None, help="cpu or cuda (cuda also picks the 'device' size)")
     for name in SIZES["default"]:

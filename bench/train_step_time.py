@@ -29,7 +29,7 @@ from modeling_angpt import AnGPTConfig, AnGPTForCausalLM  # noqa: E402
 from modeling_angpt.architectures_angpt import Architecture, AnGPT  # noqa: E402
 from modeling_angpt.layers_angpt import AddResidual  # noqa: E402
 from modeling_angpt.training.model_setup import compile_blocks  # noqa: E402
-from results_file import update_section  # noqa: E402
+from results_file import help_description, update_section  # noqa: E402
 
 ARCHITECTURES = ("gptplus", "angpt", "ngpt")
 # anGPT with one part taken out (a speed ablation: these models are not meant to train well)
@@ -77,7 +77,7 @@ def synchronize(device: str) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)

@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM  # noqa: E402
 from modeling_angpt.training.optim import scaled_param_groups, width_lr_scale  # noqa: E402
-from results_file import machine_line, update_section  # noqa: E402
+from results_file import help_description, machine_line, update_section  # noqa: E402
 
 # One change at a time against the SPEC §1.3 defaults: no width rule and nGPT's s_z speed √d (`SPEC_SPEED`);
 # the last two rows are the project's anGPT defaults, added one at a time.
@@ -199,7 +199,7 @@ def main_depths(args) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--widths", type=int, nargs="+", default=[128, 256, 512, 1024])
     parser.add_argument("--layers", type=int, default=None,
                         help="depth (default: 2 for --widths, the preset's own depth for --presets)")

@@ -222,3 +222,20 @@ def test_needle_recall_diagnostics(bench, tmp_path):
                       {"target": target, "answer": " Lima=5555555\nRome=7654321"}],
         "needle_x4": [{"target": target, "answer": " Oslo=12345678;Rome=76543210 Lima"}]}}))
     assert needle.recall(cfg, "RoPE", 0) == {"numbers": {1: 3 / 6, 4: 0.0}, "cities": {1: 3 / 6, 4: 2 / 3}}
+
+
+def test_bench_help_opens_with_whole_sentences_that_stand_alone(bench):
+    """`python bench/X.py --help` shows the docstring's first paragraph: whole (not cut at its first line) and
+    naming nothing the repository does not ship."""
+    import ast
+    import re
+
+    from results_file import help_description
+
+    scripts = [path for path in sorted(BENCH.glob("*.py")) if "ArgumentParser(" in path.read_text()]
+    assert len(scripts) >= 10
+    for script in scripts:
+        source = script.read_text()
+        assert re.search(r"ArgumentParser\(description=(rf\.)?help_description\(__doc__\)", source), script
+        description = help_description(ast.get_docstring(ast.parse(source)))
+        assert description.endswith(".") and not re.search(r"\bSPEC\b|shared/", description), (script, description)
