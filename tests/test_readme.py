@@ -43,10 +43,10 @@ def test_readme_and_docs_stand_alone():
         assert not re.search(r"\bSPEC\b|DESIGN\.md|research/|\.\./shared|shared/", text), page
         for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", text):
             assert not target.startswith(("http", "/")), (page, target)
-            assert (page.parent / target).exists() and (page.parent / target).resolve().is_relative_to(REPO), \
-                (page, target)
+            path = page.parent / target
+            assert path.exists() and path.resolve().is_relative_to(REPO), (page, target)
             if anchor:
-                assert anchor in heading_anchors(page.parent / target if target else page), (page, target, anchor)
+                assert anchor in heading_anchors(path if target else page), (page, target, anchor)
     named = set(re.findall(r"`((?:docs|configuration|conversion|bench|tests|modeling_angpt)/[\w./-]+)`",
                            README.read_text()))
     assert named and all((REPO / path).exists() for path in named), [p for p in named if not (REPO / p).exists()]
