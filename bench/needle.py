@@ -66,15 +66,17 @@ def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> di
 
 
 def recall(cfg: dict, variant: str, seed: int) -> dict:
-    """{"numbers": {multiple: share}, "cities": {multiple: share}} from the evaluator's logged samples: the share
+    """{"numbers", "cities", "format"}: {multiple: share} from the evaluator's logged samples. Numbers: the share
     of needles whose 7-digit number appears in the answer line as a whole digit run, whatever city it is paired
-    with, and the share whose city is named in it (`City=`). Diagnostics, not the paper's metric: they tell
-    retrieval of the numbers and of the cities apart from retrieval of the pairs (the strict accuracy needs both)."""
+    with; cities: the share whose city is named in it (`City=`); format: the share of answers whose line is exactly
+    as many `City=number` pairs as there are needles, numbers as long as the needles'. Diagnostics, not the
+    paper's metric: they tell retrieval of the numbers and of the cities apart from retrieval of the pairs (the
+    strict accuracy needs both), and a model that has lost the answer format from one that fills it wrongly."""
     report = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune" / "needle_eval" / "needle.json"
     samples = json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
-    shares = {"numbers": {}, "cities": {}}
+    shares = {"numbers": {}, "cities": {}, "format": {}}
     for m in cfg["multiples"]:
-        found, total = {"numbers": 0, "cities": 0}, 0
+        found, needles, answers = {"numbers": 0, "cities": 0, "format": 0}, 0, 0
         for sample in samples.get(f"needle_x{m}", []):
             line = sample["answer"].split("\n")[0]
             runs = set(re.findall(r"\d+", line))
@@ -82,13 +84,69 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
             pairs = [pair.split("=") for pair in sample["target"].split(";")]
             found["numbers"] += sum(number in runs for _, number in pairs)
             found["cities"] += sum(city in named for city, _ in pairs)
-            total += len(pairs)
+            parts = line.strip().split(";")
+            found["format"] += len(parts) == len(pairs) and all(
+                re.fullmatch(rf"[^;=\d]+=\d{{{len(pairs[0][1])}}}", part) for part in parts)
+            needles, answers = needles + len(pairs), answers + 1
         for kind, count in found.items():
+            total = answers if kind == "format" else needles
             shares[kind][m] = count / total if total else float("nan")
     return shares
 
 
-def section(results: dict, recalls: dict, cfg: dict, command: str, png_link: str) -> str:
+# A fine-tuning has "left the plateau" at its first logged step with training loss below this. On the plateau the
+# answer loss sits at 1.2-1.6 (the model writes the answer format with made-up numbers); once it retrieves, the
+# loss is at 0.05 or less, and the fall between takes about 100 steps, so any threshold in between finds the same
+# step to within a few logging intervals.
+PLATEAU_EXIT_LOSS = 0.15
+
+
+def finetune_curve(cfg: dict, variant: str, seed: int) -> dict:
+    """The fine-tuning's loss curve from its `metrics.jsonl`: {"val": {step: validation loss}, "exit": (step, sum of
+    the learning rates up to it) when the training loss left the plateau (PLATEAU_EXIT_LOSS) or None, "lowest":
+    (lowest logged training loss, its step)}. Each logged rate stands for the steps since the previous log, so
+    the sum is the area under the schedule to within one logging interval (a whole run sums to about
+    peak lr × steps / 2 under the recipe's warm-up and linear decay)."""
+    log = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune" / "metrics.jsonl"
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+    curve = {"val": {r["step"]: r["val_loss"] for r in rows if "val_loss" in r and r["step"] > 0},
+             "exit": None, "lowest": None}
+    area, previous = 0.0, 0
+    for row in (r for r in rows if "loss" in r):
+        area, previous = area + row["lr"] * (row["step"] - previous), row["step"]
+        if curve["lowest"] is None or row["loss"] < curve["lowest"][0]:
+            curve["lowest"] = (row["loss"], row["step"])
+        if curve["exit"] is None and row["loss"] < PLATEAU_EXIT_LOSS:
+            curve["exit"] = (row["step"], area)
+    return curve
+
+
+def curve_table(curves: dict, recalls: dict, cfg: dict) -> list[str]:
+    """One row per fine-tuned model: validation loss at the evaluation steps, when it left the plateau, and the
+    share of its answers in the answer format at each length."""
+    ms = cfg["multiples"]
+    steps = sorted({step for by_seed in curves.values() for curve in by_seed for step in curve["val"]})
+    lines = ["Per model: the fine-tuning's validation loss (answer tokens), the first logged step with training loss "
+             f"below {PLATEAU_EXIT_LOSS:g} (it has left the plateau where it writes the format with made-up numbers) "
+             "with the sum of the learning rates up to that step, from `needle_finetune/metrics.jsonl`; and the "
+             "share of answers that keep the format (as many `City=number` pairs as needles), from the logged samples.",
+             "", "| variant | seed | validation loss at step " + " / ".join(map(str, steps))
+             + f" | left the plateau: step (lr sum) | answers in the format at {' / '.join(f'{m}L' for m in ms)} |",
+             "|---|---|---|---|---|"]
+    for variant, by_seed in curves.items():
+        for seed, curve in enumerate(by_seed):
+            val = " / ".join(f"{curve['val'][s]:.2f}" if s in curve["val"] else "–" for s in steps)
+            if curve["exit"]:
+                left = f"step {curve['exit'][0]} ({curve['exit'][1]:.2f})"
+            else:
+                left = "not reached" + (f" (lowest {curve['lowest'][0]:.2f} at step {curve['lowest'][1]})"
+                                        if curve["lowest"] else "")
+            shape = " / ".join(f"{recalls[variant][seed]['format'][m]:.0%}" for m in ms)
+            lines.append(f"| {variant} | {seed} | {val} | {left} | {shape} |")
+    return lines
+
+
+def section(results: dict, recalls: dict, curves: dict, cfg: dict, command: str, png_link: str) -> str:
     ms = cfg["multiples"]
     lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
              + lg.title_suffix(cfg), "",
@@ -116,6 +174,7 @@ def section(results: dict, recalls: dict, cfg: dict, command: str, png_link: str
     lines += ["", "Numbers recalled: share of needles whose number appears anywhere in the answer line, whatever "
               "city it is paired with. Cities named: share of needles whose city the answer line names (`City=`). "
               "Both from the evaluator's logged samples, means over seeds; diagnostics, not the paper's metric."]
+    lines += ["", *curve_table(curves, recalls, cfg)]
     lines += ["", f"![needle accuracy against length]({png_link})"]
     return "\n".join(lines)
 
@@ -168,7 +227,9 @@ def main(argv=None):
     # the diagnostics of every model, read once from the evaluator's logged samples for the table and the plot
     recalls = {variant: [recall(cfg, variant, seed) for seed in range(len(by_seed))]
                for variant, by_seed in results.items()}
-    text = section(results, recalls, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
+    curves = {variant: [finetune_curve(cfg, variant, seed) for seed in range(len(by_seed))]
+              for variant, by_seed in results.items()}
+    text = section(results, recalls, curves, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
         plot(results, recalls, cfg, png)

@@ -103,6 +103,7 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     assert "| scale-invariant p-RoPE |" in text.split("<!-- needle:start -->")[1]
     assert "numbers recalled at 4L" in text.split("<!-- needle:start -->")[1]
     assert "cities named at 4L" in text.split("<!-- needle:start -->")[1]
+    assert "| left the plateau: step (lr sum) | answers in the format at 1L / 4L |" in text
     assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
     # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
@@ -210,18 +211,51 @@ def test_length_generalisation_jobs_train_the_same_models_as_one_job(bench, tmp_
 def test_needle_recall_diagnostics(bench, tmp_path):
     """A needle's number counts when it is a whole digit run of the answer's first line, with any city; a number
     only inside a longer run, or after the newline, does not. Its city counts when that line names it as `City=`,
-    with any number; a city mentioned without `=` does not."""
+    with any number; a city mentioned without `=` does not. An answer keeps the format when its first line is
+    exactly as many `City=number` pairs as there are needles, each number as long as the needles'."""
     import needle
 
     cfg = {"output_dir": str(tmp_path), "multiples": [1, 4]}
     report = tmp_path / "rope-s0" / "needle_finetune" / "needle_eval" / "needle.json"
     report.parent.mkdir(parents=True)
     target = "Oslo=1234567;Rome=7654321;Lima=5555555"
-    report.write_text(json.dumps({"samples": {
-        "needle_x1": [{"target": target, "answer": " Paris=1234567;Oslo=7654321;Rome=1111111"},
-                      {"target": target, "answer": " Lima=5555555\nRome=7654321"}],
-        "needle_x4": [{"target": target, "answer": " Oslo=12345678;Rome=76543210 Lima"}]}}))
-    assert needle.recall(cfg, "RoPE", 0) == {"numbers": {1: 3 / 6, 4: 0.0}, "cities": {1: 3 / 6, 4: 2 / 3}}
+    answers = {"needle_x1": [" Paris=1234567;Oslo=7654321;Rome=1111111",  # format kept, wrong pairs
+                             " Lima=5555555\nRome=7654321"],  # one pair on the first line
+               "needle_x4": [" Oslo=12345678;Rome=76543210 Lima",  # numbers too long, two pairs
+                             " Oslo=1234567;Rome=7654321;Lima=555555",  # one number too short
+                             "Oslo=1234567;Rome=7654321;Lima=5555555;Oslo=1234567",  # one pair too many
+                             " Rome=7654321; Lima=5555555;Oslo=1234567"]}  # right, in another order
+    report.write_text(json.dumps({"samples": {key: [{"target": target, "answer": answer} for answer in values]
+                                              for key, values in answers.items()}}))
+    assert needle.recall(cfg, "RoPE", 0) == {"numbers": {1: 3 / 6, 4: 8 / 12}, "cities": {1: 3 / 6, 4: 11 / 12},
+                                             "format": {1: 1 / 2, 4: 1 / 4}}
+
+
+def test_needle_finetune_curve(bench, tmp_path):
+    """The plateau exit is the first logged training loss below the threshold, with the logged rates summed over
+    the steps each stands for; the validation losses skip the untrained model's step 0; a run that never leaves
+    the plateau reports its lowest loss, and a missing log reports nothing."""
+    import needle
+
+    cfg = {"output_dir": str(tmp_path), "multiples": [1]}
+    rows = {"rope-s0": [{"step": 0, "val_loss": 4.0}, {"step": 20, "loss": 1.3, "lr": 0.001},
+                        {"step": 40, "loss": 0.1, "lr": 0.002}, {"step": 50, "val_loss": 0.5},
+                        {"step": 60, "loss": 0.05, "lr": 0.001}],
+            "rope-s1": [{"step": 10, "loss": 1.4, "lr": 0.001}, {"step": 20, "loss": 1.2, "lr": 0.001},
+                        {"step": 30, "loss": 1.3, "lr": 0.001}]}
+    for name, logged in rows.items():
+        (tmp_path / name / "needle_finetune").mkdir(parents=True)
+        (tmp_path / name / "needle_finetune" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    left = needle.finetune_curve(cfg, "RoPE", 0)
+    assert left["val"] == {50: 0.5} and left["lowest"] == (0.05, 60)
+    assert left["exit"][0] == 40 and left["exit"][1] == pytest.approx(0.001 * 20 + 0.002 * 20)
+    assert needle.finetune_curve(cfg, "RoPE", 1) == {"val": {}, "exit": None, "lowest": (1.2, 20)}
+    assert needle.finetune_curve(cfg, "RoPE", 2) == {"val": {}, "exit": None, "lowest": None}
+    recalls = {"RoPE": [{"format": {1: 1.0}}, {"format": {1: 0.5}}]}
+    curves = {"RoPE": [left, needle.finetune_curve(cfg, "RoPE", 1)]}
+    table = "\n".join(needle.curve_table(curves, recalls, cfg))
+    assert "| RoPE | 0 | 0.50 | step 40 (0.06) | 100% |" in table
+    assert "| RoPE | 1 | – | not reached (lowest 1.20 at step 20) | 50% |" in table
 
 
 def test_bench_help_opens_with_whole_sentences_that_stand_alone(bench):
