@@ -15,7 +15,8 @@ Profiles (sizes per task are in PROFILES below):
 section of the others instead of replacing it.
 On CPU the default cannot afford the paper's budgets (Parity 1000 epochs, ListOps 200 epochs of 5000
 sequences of 501–599 tokens): it caps the epochs and runs a shorter ListOps (documented in the section).
-Finished runs are reused from --output-dir (summary.json), so an interrupted run continues where it stopped.
+Finished runs are reused from --output-dir (summary.json); a stopped run continues from the state saved after
+its last epoch (resume.pt), and so does a finished run given a larger --epochs.
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ PROFILES = {
 
 
 def one_run(job: dict) -> dict:
-    """One (task, variant, seed) in a worker process; reuses a finished run's summary."""
+    """One (task, variant, seed) in a worker process: reuses a finished run's summary, continues a stopped run
+    from its resume.pt, and a finished one given a larger --epochs too."""
     import torch
 
     from modeling_angpt.evaluation.semantic_focus import run_protocol
@@ -80,16 +82,21 @@ def one_run(job: dict) -> dict:
         summary = json.loads((out / "summary.json").read_text())
         if summary.get("backbone", "library") != job["backbone"]:
             raise ValueError(f"{out} holds a {summary.get('backbone', 'library')}-backbone run, not {job['backbone']}")
-        summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-        return {**job, **summary, "reused": True}
-    if (out / "metrics.jsonl").exists():  # an interrupted run: start it again
-        (out / "metrics.jsonl").unlink()
+        stopped_early = summary["epochs_run"] < summary["epochs_budget"]
+        if stopped_early or summary["epochs_budget"] >= job["epochs"]:
+            summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            return {**job, **summary, "reused": True}
+        if not (out / "resume.pt").exists():
+            raise ValueError(f"{out} holds a finished {summary['epochs_budget']}-epoch run without resume.pt, which "
+                             f"cannot be extended to --epochs {job['epochs']}; choose another --output-dir")
+    elif (out / "metrics.jsonl").exists() and not (out / "resume.pt").exists():
+        (out / "metrics.jsonl").unlink()  # an interrupted run that saved no state: start it again
     torch.set_num_threads(job["threads"])
     summary = run_protocol(job["task"], out, seed=job["seed"], epochs=job["epochs"], n_train=job["n_train"],
                            n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],
                            stop_at_train_acc=job["stop_at"], save_model=False, tensorboard=False, plot_every=0,
                            log=lambda line: print(line, flush=True) if job["verbose"] else None,
-                           backbone=job["backbone"], **VARIANTS[job["variant"]])
+                           backbone=job["backbone"], resume=True, **VARIANTS[job["variant"]])
     return {**job, **summary, "reused": False}
 
 
@@ -231,11 +238,14 @@ def main(argv=None) -> dict:
                                  backbone=args.backbone,
                                  output_dir=str(output_dir / task / variant / f"seed{seed}")))
     started = time.time()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
-            runs = list(pool.map(one_run, jobs))
-    else:
-        runs = [one_run(job) for job in jobs]
+    try:
+        if args.jobs > 1:
+            with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+                runs = list(pool.map(one_run, jobs))
+        else:
+            runs = [one_run(job) for job in jobs]
+    except (ValueError, FileExistsError) as error:  # a run directory that cannot be reused or continued
+        raise SystemExit(f"semantic_focus.py: error: {error}") from None
     wall = time.time() - started
     (output_dir / "runs.json").write_text(json.dumps(runs, indent=1))
     table = summarise(runs, tasks, variants)

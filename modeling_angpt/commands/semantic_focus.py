@@ -19,7 +19,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
     parser.add_argument("--task", required=True, choices=TASK_NAMES)
     parser.add_argument("--output-dir", required=True, help="where metrics.jsonl, curves.png, tensorboard/ and the "
-                        "model go; a directory that already holds results is refused")
+                        "model go; a directory that already holds results is refused unless --resume")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its resume.pt "
+                        "(stopped, or finished and given more --epochs); its other settings must be the same")
     parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     parser.add_argument("--epochs", type=int, default=None, help="default: the paper's budget for the task")
     parser.add_argument("--n-train", type=int, default=5000)
@@ -62,9 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.output_dir)
-    if (out / "metrics.jsonl").exists() or (out / "summary.json").exists():
-        print(f"angpt semantic-focus: error: {out} already holds results (metrics.jsonl); choose another "
-              "--output-dir or remove it", file=sys.stderr)
+    if not args.resume and ((out / "metrics.jsonl").exists() or (out / "summary.json").exists()):
+        print(f"angpt semantic-focus: error: {out} already holds results (metrics.jsonl); continue it with --resume "
+              "or choose another --output-dir", file=sys.stderr)
         return 2
     import torch
 
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             args.task, out, seed=args.seed, epochs=args.epochs, n_train=args.n_train, n_heldout=args.n_heldout,
             batch_size=args.batch_size, lr=args.lr, gamma=args.gamma, grad_clip=args.grad_clip or None,
             device=args.device, stop_at_train_acc=args.stop_at_train_acc, task_kwargs=task_kwargs,
-            tensorboard=not args.no_tensorboard, backbone=args.backbone, **model_kwargs)
+            tensorboard=not args.no_tensorboard, backbone=args.backbone, resume=args.resume, **model_kwargs)
     except (ValueError, FileExistsError, FloatingPointError) as error:
         print(f"angpt semantic-focus: error: {error}", file=sys.stderr)
         return 2

@@ -46,6 +46,38 @@ class OutputExistsError(FileExistsError):
     pass
 
 
+# Written after every epoch so that a stopped run, or a finished one given a larger budget, continues exactly where
+# it stood: weights, optimiser, schedule, data order and dropout RNG, and the history so far.
+RESUME = "resume.pt"
+# Settings a resumed run may change: the budget, the early stop and where it runs. Everything else (task, data,
+# model, optimiser) must match the run it continues, or it would be another run.
+RESUMABLE = ("epochs", "stop_at_train_acc", "device")
+
+
+def _save_state(out: Path, history: list[dict], model, optimizer, scheduler, shuffle: torch.Generator) -> None:
+    state = {"history": history, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "shuffle": shuffle.get_state(), "rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    torch.save(state, out / f"{RESUME}.tmp")
+    os.replace(out / f"{RESUME}.tmp", out / RESUME)  # a run killed mid-save keeps its previous state
+
+
+def _saved_state(out: Path, settings: dict, device) -> dict:
+    """The state a run in `out` saved, after checking that it was trained with `settings` (RESUMABLE aside)."""
+    if not (out / RESUME).is_file() or not (out / "run.json").is_file():
+        raise OutputExistsError(f"{out} holds results but no {RESUME} to resume from; choose another output "
+                                "directory")
+    saved = json.loads((out / "run.json").read_text())
+    wanted = json.loads(json.dumps(settings, default=str))
+    differ = [f"{key} {saved.get(key)!r} there, {value!r} here" for key, value in wanted.items()
+              if key not in RESUMABLE and saved.get(key) != value]
+    if differ:
+        raise OutputExistsError(f"{out} holds a run with other settings ({'; '.join(differ)}); resume it with its "
+                                "own settings or choose another output directory")
+    return torch.load(out / RESUME, map_location=device, weights_only=True)
+
+
 def model_config(task: str, *, architecture: str = "gptplus", qk_norm: bool = False, hidden_size: int = 64,
                  intermediate_size: int | None = None, num_layers: int | None = None, num_heads: int = 1,
                  dropout: float = 0.01, attention_sparsity: str = "none", attention_topk: int = 5,
@@ -174,14 +206,18 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
                  gamma: float | None = None, grad_clip: float | None = 0.5, eval_batch_size: int = 250,
                  device: str = "cpu", stop_at_train_acc: float | None = None, task_kwargs: dict | None = None,
                  tensorboard: bool = True, save_model: bool = True, plot_every: int = 10, log=print,
-                 backbone: str = "library", **model_kwargs) -> dict:
+                 backbone: str = "library", resume: bool = False, **model_kwargs) -> dict:
     """Train the paper's model on one task with one attention configuration; return the summary.
 
-    Writes to `output_dir` (refuses one that already holds results): `run.json` (every setting, versions),
-    `metrics.jsonl` (one line per epoch: lr, running training loss, train and held-out loss and accuracy,
-    seconds), `tensorboard/`, `curves.png`, `summary.json`, and `model/` (weights, config and the task's
-    tokenizer). `output_dir=None` keeps everything in memory. `model_kwargs` go to `model_config` (attention
-    settings, architecture, ...). `stop_at_train_acc` ends the run early once training accuracy reaches it.
+    Writes to `output_dir` (refuses one that already holds results, unless `resume`): `run.json` (every setting,
+    versions), `metrics.jsonl` (one line per epoch: lr, running training loss, train and held-out loss and
+    accuracy, seconds), `resume.pt` (the state after the last epoch), `tensorboard/`, `curves.png`,
+    `summary.json`, and `model/` (weights, config and the task's tokenizer). `resume=True` continues the run in
+    `output_dir` from its `resume.pt`, a stopped one or a finished one given more `epochs`, and gives the
+    history an uninterrupted run would have; it refuses a run trained with other settings (`RESUMABLE` aside)
+    and starts afresh when the directory holds no results. `output_dir=None` keeps everything in memory.
+    `model_kwargs` go to `model_config` (attention settings, architecture, ...). `stop_at_train_acc` ends the run
+    early once training accuracy reaches it.
     `backbone="paper"`: the paper's encoder (paper_encoder.py; `model_kwargs` as PaperEncoderConfig's fields),
     saved as `model/config.json` + `model/model.pt` (not a transformers model)."""
     from ... import AnGPTForSequenceClassification
@@ -197,14 +233,20 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     lr = spec.lr if lr is None else lr
     gamma = spec.gamma if gamma is None else gamma
     out = None if output_dir is None else Path(output_dir)
-    if out is not None:
-        if (out / METRICS).exists() or (out / "summary.json").exists():
-            raise OutputExistsError(f"{out} already holds results ({METRICS}); choose another output directory "
-                                    "or remove it")
-        out.mkdir(parents=True, exist_ok=True)
     settings = dict(task=task, backbone=backbone, seed=seed, epochs=epochs, n_train=n_train, n_heldout=n_heldout,
                     batch_size=batch_size, lr=lr, gamma=gamma, grad_clip=grad_clip, device=device,
                     stop_at_train_acc=stop_at_train_acc, task_kwargs=task_kwargs or {}, model=model_kwargs)
+    state = None
+    if out is not None:
+        if (out / METRICS).exists() or (out / "summary.json").exists():
+            if not resume:
+                raise OutputExistsError(f"{out} already holds results ({METRICS}); resume it or choose another "
+                                        "output directory")
+            state = _saved_state(out, settings, device)
+            if len(state["history"]) > epochs:
+                raise OutputExistsError(f"{out} holds a run of {len(state['history'])} epochs, more than epochs="
+                                        f"{epochs}; resume it with at least that budget")
+        out.mkdir(parents=True, exist_ok=True)
 
     splits = build_splits(task, seed=seed, n_train=n_train, n_heldout=n_heldout, **(task_kwargs or {}))
     tokenizer = build_tokenizer(task)
@@ -222,6 +264,18 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=gamma)
     shuffle = torch.Generator().manual_seed(seed)
+    history: list[dict] = []
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        shuffle.set_state(state["shuffle"])
+        torch.set_rng_state(state["rng"])
+        if "cuda_rng" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        history = state["history"]
+        # epochs logged after the last saved state (a run killed between the two writes) are trained again
+        (out / METRICS).write_text("".join(json.dumps(row) + "\n" for row in history))
     title = (f"{task}: {config.architecture}, sparsity={config.attention_sparsity}"
              + {"topk": f" k={config.attention_topk}", "window": f" w={config.attention_window}",
                 "block": f" m={config.attention_block_size}"}.get(config.attention_sparsity, "") + f", seed {seed}")
@@ -234,9 +288,9 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(str(out / "tensorboard"))
-    history: list[dict] = []
-    for epoch in range(1, epochs + 1):
+            writer = SummaryWriter(str(out / "tensorboard"), purge_step=len(history) + 1 if history else None)
+    stopped = bool(history) and stop_at_train_acc is not None and history[-1]["train_acc"] >= stop_at_train_acc
+    for epoch in range(len(history) + 1, 0 if stopped else epochs + 1):
         started = time.perf_counter()
         order = torch.randperm(n_train, generator=shuffle)
         running, steps = 0.0, 0
@@ -271,6 +325,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
                     writer.add_scalar(key.replace("_", "/", 1) if key != "lr" else "lr", row[key], epoch)
             if plot_every and epoch % plot_every == 0:
                 plot_curves(history, out / "curves.png", title)
+            _save_state(out, history, model, optimizer, scheduler, shuffle)
         if stop_at_train_acc is not None and train_acc >= stop_at_train_acc:
             break
 

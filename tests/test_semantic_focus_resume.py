@@ -1,0 +1,110 @@
+"""A semantic-focus run continues from the state it saved after its last epoch (resume.pt): stopped part-way, or
+finished and given a larger budget, it ends with the history an uninterrupted run has. The oracle is that
+uninterrupted run; dropout is on, so the RNG state must come back as well as the weights and the data order."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+SMALL = dict(n_train=50, n_heldout=20, num_layers=1, attention_sparsity="topk", tensorboard=False, save_model=False)
+
+
+class Stop(Exception):
+    pass
+
+
+def quiet(line):
+    pass
+
+
+def stop_at_epoch(epoch: int):
+    def log(line):
+        if f"epoch {epoch}/" in line:
+            raise Stop  # before the epoch is written: the run dies with epoch - 1 epochs saved
+    return log
+
+
+def without_time(history):
+    return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+
+
+@pytest.mark.parametrize("backbone", ["paper", "library"])
+def test_a_stopped_or_extended_run_matches_an_uninterrupted_one(tmp_path, backbone):
+    from modeling_angpt.evaluation.semantic_focus import run_protocol
+
+    whole = run_protocol("parity", tmp_path / "whole", epochs=4, backbone=backbone, log=quiet, **SMALL)
+
+    with pytest.raises(Stop):
+        run_protocol("parity", tmp_path / "stopped", epochs=4, backbone=backbone, log=stop_at_epoch(3), **SMALL)
+    assert len((tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()) == 2
+    resumed = run_protocol("parity", tmp_path / "stopped", epochs=4, backbone=backbone, log=quiet, resume=True,
+                           **SMALL)
+
+    run_protocol("parity", tmp_path / "extended", epochs=2, backbone=backbone, log=quiet, **SMALL)
+    extended = run_protocol("parity", tmp_path / "extended", epochs=4, backbone=backbone, log=quiet, resume=True,
+                            **SMALL)
+
+    for run, name in ((resumed, "stopped"), (extended, "extended")):
+        assert without_time(run["history"]) == without_time(whole["history"]), name
+        assert run["epochs_run"] == 4 and run["epochs_budget"] == 4
+        logged = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        assert without_time(logged) == without_time(whole["history"])
+        assert json.loads((tmp_path / name / "summary.json").read_text())["epochs_run"] == 4
+
+
+def test_resume_refuses_another_runs_settings_and_a_run_without_state(tmp_path):
+    from modeling_angpt.evaluation.semantic_focus import run_protocol
+    from modeling_angpt.evaluation.semantic_focus.protocol import OutputExistsError
+
+    out = tmp_path / "run"
+    run_protocol("parity", out, epochs=2, backbone="paper", log=quiet, **SMALL)
+    metrics = (out / "metrics.jsonl").read_text()
+    with pytest.raises(OutputExistsError, match="resume it or choose another"):
+        run_protocol("parity", out, epochs=3, backbone="paper", log=quiet, **SMALL)
+    with pytest.raises(OutputExistsError, match="seed 0 there, 1 here"):
+        run_protocol("parity", out, epochs=3, seed=1, backbone="paper", log=quiet, resume=True, **SMALL)
+    with pytest.raises(OutputExistsError, match="2 epochs, more than epochs=1"):
+        run_protocol("parity", out, epochs=1, backbone="paper", log=quiet, resume=True, **SMALL)
+    (out / "resume.pt").unlink()
+    with pytest.raises(OutputExistsError, match="no resume.pt"):
+        run_protocol("parity", out, epochs=3, backbone="paper", log=quiet, resume=True, **SMALL)
+    assert (out / "metrics.jsonl").read_text() == metrics  # nothing of the refused runs was written
+
+    fresh = run_protocol("parity", tmp_path / "empty", epochs=1, backbone="paper", log=quiet, resume=True, **SMALL)
+    assert fresh["epochs_run"] == 1  # nothing to resume: a new run
+
+
+def test_command_resumes_with_the_flag_and_says_so_without_it(tmp_path, capsys):
+    from modeling_angpt.cli import main
+
+    out = tmp_path / "run"
+    argv = ["semantic-focus", "--backbone", "paper", "--task", "parity", "--n-train", "30", "--n-heldout", "10",
+            "--num-layers", "1", "--output-dir", str(out), "--no-tensorboard", "--threads", "1"]
+    assert main([*argv, "--epochs", "1"]) == 0
+    assert main([*argv, "--epochs", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--resume" in err and str(out) in err
+    assert main([*argv, "--epochs", "2", "--resume"]) == 0
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert main([*argv, "--epochs", "2", "--resume", "--seed", "3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "seed 0 there, 3 here" in err
+
+
+def test_benchmark_extends_finished_runs_to_a_larger_budget(tmp_path, capsys, semantic_focus_bench):
+    argv = ["--smoke", "--tasks", "parity", "--variants", "full", "--jobs", "1", "--threads", "1", "--no-write",
+            "--output-dir", str(tmp_path / "runs")]
+    first = semantic_focus_bench.main([*argv, "--epochs", "1"])
+    longer = semantic_focus_bench.main([*argv, "--epochs", "2"])
+    assert not any(run["reused"] for run in longer["runs"])
+    assert [row["epoch"] for row in longer["runs"][0]["history"]] == [1, 2]
+    assert without_time(longer["runs"][0]["history"][:1]) == without_time(first["runs"][0]["history"])
+    again = semantic_focus_bench.main([*argv, "--epochs", "2"])
+    assert all(run["reused"] for run in again["runs"])
+
+    (tmp_path / "runs" / "parity" / "full" / "seed0" / "resume.pt").unlink()
+    with pytest.raises(SystemExit) as refused:
+        semantic_focus_bench.main([*argv, "--epochs", "3"])
+    message = str(refused.value.code)
+    assert message.count("\n") == 0 and "without resume.pt" in message and "--epochs 3" in message
