@@ -63,8 +63,9 @@ def _save_state(out: Path, history: list[dict], model, optimizer, scheduler, shu
     os.replace(out / f"{RESUME}.tmp", out / RESUME)  # a run killed mid-save keeps its previous state
 
 
-def _saved_state(out: Path, settings: dict, device) -> dict:
-    """The state a run in `out` saved, after checking that it was trained with `settings` (RESUMABLE aside)."""
+def _saved_state(out: Path, settings: dict) -> dict:
+    """The state a run in `out` saved, after checking that it was trained with `settings` (RESUMABLE aside). On
+    the CPU: the random states must be CPU tensors, and load_state_dict moves weights to the model's device."""
     if not (out / RESUME).is_file() or not (out / "run.json").is_file():
         raise OutputExistsError(f"{out} holds results but no {RESUME} to resume from; choose another output "
                                 "directory")
@@ -75,7 +76,7 @@ def _saved_state(out: Path, settings: dict, device) -> dict:
     if differ:
         raise OutputExistsError(f"{out} holds a run with other settings ({'; '.join(differ)}); resume it with its "
                                 "own settings or choose another output directory")
-    return torch.load(out / RESUME, map_location=device, weights_only=True)
+    return torch.load(out / RESUME, map_location="cpu", weights_only=True)
 
 
 def model_config(task: str, *, architecture: str = "gptplus", qk_norm: bool = False, hidden_size: int = 64,
@@ -242,7 +243,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
             if not resume:
                 raise OutputExistsError(f"{out} already holds results ({METRICS}); resume it or choose another "
                                         "output directory")
-            state = _saved_state(out, settings, device)
+            state = _saved_state(out, settings)
             if len(state["history"]) > epochs:
                 raise OutputExistsError(f"{out} holds a run of {len(state['history'])} epochs, more than epochs="
                                         f"{epochs}; resume it with at least that budget")
