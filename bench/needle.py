@@ -8,7 +8,9 @@ other variant ≤ 0.06; at 4k all are ≥ 0.9. Accuracy counts a needle only whe
 The base models are the length-generalisation checkpoints (OUTPUT_DIR of that script, trained here first when
 missing, with the same size options). Fine-tuning = `angpt train` on the needle recipe (--recipe: dataset_kind
 needle, loss on the answer only) with init_from = the base checkpoint; evaluation = the needle evaluator
-(`angpt eval --suite needle`) on haystacks built from held-out text.
+(`angpt eval --suite needle`) on haystacks built from held-out text. Beside the accuracy, the section reports
+diagnostics per model: numbers recalled and cities named, answers that keep the answer format, and from the
+fine-tuning's log its validation loss and the step at which its training loss left the plateau.
 
     python bench/needle.py --jobs 2 --threads 1   # the length-generalisation default models, 300 fine-tuning steps
     python bench/needle.py --size quick       # minutes
