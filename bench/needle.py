@@ -98,8 +98,8 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
 
 # A fine-tuning has "left the plateau" at its first logged step with training loss below this. On the plateau the
 # answer loss sits at 1.2-1.6 (the model writes the answer format with made-up numbers); once it retrieves, the
-# loss is at 0.05 or less, and the fall between takes about 100 steps, so any threshold in between finds the same
-# step to within a few logging intervals.
+# loss is at 0.05 or less, and at a rate near the peak the fall between takes about 100 steps, so any threshold in
+# between finds about the same step (a fall that starts as the rate decays to zero can take several hundred).
 PLATEAU_EXIT_LOSS = 0.15
 
 
