@@ -36,11 +36,16 @@ FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, examples=50, multiples=[1,
             "device": dict(ft_steps=300, ft_batch=32, examples=100, multiples=[1, 4])}
 
 
+def finetune_dir(cfg: dict, variant: str, seed: int) -> pathlib.Path:
+    """Where a model's needle fine-tuning, its training log and its evaluation live."""
+    return lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune"
+
+
 def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.Path:
     """Fine-tune one base checkpoint with the needle recipe (or reuse a finished fine-tuning of the same recipe)."""
     from modeling_angpt.training import load_recipe
 
-    out = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune"
+    out = finetune_dir(cfg, variant, seed)
     overrides = [f"init_from={base}", f"dataset={cfg['dataset']}", f"block_size={cfg['length']}",
                  f"tokenizer_vocab_size={cfg['vocab']}", f"max_steps={cfg['ft_steps']}",
                  f"per_device_train_batch_size={cfg['ft_batch']}", f"learning_rate={cfg['ft_lr']}", f"seed={seed}",
@@ -74,7 +79,7 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
     as many `City=number` pairs as there are needles, numbers as long as the needles'. Diagnostics, not the
     paper's metric: they tell retrieval of the numbers and of the cities apart from retrieval of the pairs (the
     strict accuracy needs both), and a model that has lost the answer format from one that fills it wrongly."""
-    report = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune" / "needle_eval" / "needle.json"
+    report = finetune_dir(cfg, variant, seed) / "needle_eval" / "needle.json"
     samples = json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
     shares = {"numbers": {}, "cities": {}, "format": {}}
     for m in cfg["multiples"]:
@@ -109,7 +114,7 @@ def finetune_curve(cfg: dict, variant: str, seed: int) -> dict:
     (lowest logged training loss, its step)}. Each logged rate stands for the steps since the previous log, so
     the sum is the area under the schedule to within one logging interval (a whole run sums to about
     peak lr × steps / 2 under the recipe's warm-up and linear decay)."""
-    log = lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune" / "metrics.jsonl"
+    log = finetune_dir(cfg, variant, seed) / "metrics.jsonl"
     rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
     curve = {"val": {r["step"]: r["val_loss"] for r in rows if "val_loss" in r and r["step"] > 0},
              "exit": None, "lowest": None}
