@@ -9,7 +9,9 @@ RoPE degrading sharply.
 Every variant shares the architecture (--arch, GPT+ by default: the paper's modded-nanogpt base is a pre-norm
 GPT with QK-norm), shape, data, seed and recipe; only the attention config differs (VARIANTS). Each trained
 checkpoint is kept under OUTPUT_DIR/<variant>-s<seed>/final (bench/needle.py fine-tunes the same ones), and a
-finished training or evaluation is reused when the script runs again.
+finished training or evaluation is reused when the script runs again. `--seeds N` trains N models per variant,
+seeds 0 … N-1; `--first-seed K` starts them at K, so a later session can add seed K alone (the same model, in the
+same directory, as in a run of more seeds).
 
     python bench/length_generalisation.py --jobs 2 --threads 1   # d=128, 4 layers, L=256, 1500 steps (~35 min, 2 cores)
     python bench/length_generalisation.py --size quick    # minutes
@@ -69,6 +71,12 @@ def slug(variant: str) -> str:
 
 def checkpoint_dir(cfg: dict, variant: str, seed: int) -> pathlib.Path:
     return pathlib.Path(cfg["output_dir"]) / f"{slug(variant)}-s{seed}"
+
+
+def seed_ids(cfg: dict) -> list[int]:
+    """The seeds of this run: --seeds of them from --first-seed on (a later seed alone lands in the directory, and
+    trains the model, that it would as part of a longer run)."""
+    return list(range(cfg["first_seed"], cfg["first_seed"] + cfg["seeds"]))
 
 
 def held_out_split(dataset: str, source_name: str = HELDOUT_SOURCE,
@@ -225,7 +233,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
              f"(d_h={cfg['hidden'] // cfg['heads']}), {tokenizer_text(cfg)}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
-             f"recipe) on `{shown(cfg, cfg['dataset'])}`, seeds {list(range(cfg['seeds']))}; identical except for the attention "
+             f"recipe) on `{shown(cfg, cfg['dataset'])}`, seeds {seed_ids(cfg)}; identical except for the attention "
              "config. Evaluated by `modeling_angpt.evaluation.length.run_suite` (= `angpt eval --suite length`) on "
              + eval_description(cfg) + f", {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each "
              "length (the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, ALiBi 3.281/3.272/3.270, "
@@ -307,7 +315,10 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="train the BPE with every digit its own token (as Llama's and Qwen's), so a number is "
                              "the same tokens wherever it stands; own models (--output-dir) and results section")
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--seeds", type=int, default=1, help="models per variant")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="their seeds are FIRST … FIRST+SEEDS-1 (default 0): --seeds 1 --first-seed 2 adds seed 2 "
+                             "alone, the same model a run of --seeds 3 trains")
     parser.add_argument("--jobs", type=int, default=1,
                         help="models trained in parallel (processes; on a 2-core CPU, --jobs 2 --threads 1)")
     parser.add_argument("--threads", type=int, help="torch threads per job on the CPU (default: cores / jobs)")
@@ -336,9 +347,11 @@ def resolve(args) -> dict:
         if not pathlib.Path(cfg["eval_corpus"]).is_file():
             raise SystemExit(f"--eval-corpus {cfg['eval_corpus']}: expected 'heldout', 'blocks' or a text file")
         cfg["eval_file"] = cfg["eval_corpus"]
-    for name, value in (("jobs", args.jobs), ("threads", args.threads)):
+    for name, value in (("jobs", args.jobs), ("threads", args.threads), ("seeds", args.seeds)):
         if value is not None and value < 1:
             raise SystemExit(f"--{name} {value}: expected a positive integer")
+    if args.first_seed < 0:
+        raise SystemExit(f"--first-seed {args.first_seed}: expected 0 or a positive integer")
     if args.jobs > 1 and args.device:
         raise SystemExit("--jobs: one job at a time on a GPU (--device); drop --jobs")
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
@@ -350,7 +363,7 @@ def for_each_model(cfg: dict, work) -> dict:
     """{variant: [work(cfg, variant, seed) for each seed]}, --jobs at a time in spawned processes. `work` is a
     module-level function (it is pickled by name). With several jobs the tokenizer and packed blocks are built
     first, once, so the jobs do not race to build them."""
-    tasks = [(variant, seed) for variant in cfg["variants"] for seed in range(cfg["seeds"])]
+    tasks = [(variant, seed) for variant in cfg["variants"] for seed in seed_ids(cfg)]
     if cfg["jobs"] > 1 and len(tasks) > 1:
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context

@@ -141,14 +141,14 @@ def curve_table(curves: dict, recalls: dict, cfg: dict) -> list[str]:
              + f" | left the plateau: step (lr sum) | answers in the format at {' / '.join(f'{m}L' for m in ms)} |",
              "|---|---|---|---|---|"]
     for variant, by_seed in curves.items():
-        for seed, curve in enumerate(by_seed):
+        for index, (seed, curve) in enumerate(zip(lg.seed_ids(cfg), by_seed)):
             val = " / ".join(f"{curve['val'][s]:.2f}" if s in curve["val"] else "–" for s in steps)
             if curve["exit"]:
                 left = f"step {curve['exit'][0]} ({curve['exit'][1]:.2f})"
             else:
                 left = "not reached" + (f" (lowest {curve['lowest'][0]:.2f} at step {curve['lowest'][1]})"
                                         if curve["lowest"] else "")
-            shape = " / ".join(f"{recalls[variant][seed]['format'][m]:.0%}" for m in ms)
+            shape = " / ".join(f"{recalls[variant][index]['format'][m]:.0%}" for m in ms)
             lines.append(f"| {variant} | {seed} | {val} | {left} | {shape} |")
     return lines
 
@@ -159,8 +159,8 @@ def section(results: dict, recalls: dict, curves: dict, cfg: dict, command: str,
              + lg.title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              f"Base models: the length-generalisation models ({cfg['arch']}, d={cfg['hidden']}, {cfg['layers']} layers, "
-             f"{lg.tokenizer_text(cfg)}, "
-             f"trained at L={cfg['length']} for {cfg['steps']} steps). Each fine-tuned {cfg['ft_steps']} steps × "
+             f"{lg.tokenizer_text(cfg)}, trained at L={cfg['length']} for {cfg['steps']} steps; seeds {lg.seed_ids(cfg)}). "
+             f"Each fine-tuned {cfg['ft_steps']} steps × "
              f"{cfg['ft_batch']} needle examples of L tokens at lr {cfg['ft_lr']:g} (`{pathlib.Path(cfg['needle_recipe']).name}`: "
              "loss on the answer only), then evaluated by `modeling_angpt.evaluation.needle.run_suite` on "
              f"{cfg['examples']} held-out haystacks per length, three needles each, greedy decoding; accuracy = share "
@@ -232,10 +232,8 @@ def main(argv=None):
     results = lg.for_each_model(cfg, finetune_and_evaluate)
     png = pathlib.Path(cfg["plots_dir"]) / f"{lg.section_name('needle', cfg)}.png"
     # the diagnostics of every model, read once from the evaluator's logged samples for the table and the plot
-    recalls = {variant: [recall(cfg, variant, seed) for seed in range(len(by_seed))]
-               for variant, by_seed in results.items()}
-    curves = {variant: [finetune_curve(cfg, variant, seed) for seed in range(len(by_seed))]
-              for variant, by_seed in results.items()}
+    recalls = {variant: [recall(cfg, variant, seed) for seed in lg.seed_ids(cfg)] for variant in results}
+    curves = {variant: [finetune_curve(cfg, variant, seed) for seed in lg.seed_ids(cfg)] for variant in results}
     text = section(results, recalls, curves, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:

@@ -16,7 +16,8 @@ section of the others instead of replacing it.
 On CPU the default cannot afford the paper's budgets (Parity 1000 epochs, ListOps 200 epochs of 5000
 sequences of 501–599 tokens): it caps the epochs and runs a shorter ListOps (documented in the section).
 Finished runs are reused from --output-dir (summary.json); a stopped run continues from the state saved after
-its last epoch (resume.pt), and so does a finished run given a larger --epochs.
+its last epoch (resume.pt), and so does a finished run given a larger --epochs. `--first-seed K` starts the seeds
+at K, so a later seed can run alone into the directory a run of more seeds would use.
 """
 from __future__ import annotations
 
@@ -197,6 +198,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--backbone", default="library", choices=("library", "paper"),
                         help="library: AnGPTForSequenceClassification (GPT+); paper: the paper's encoder")
     parser.add_argument("--seeds", type=int, default=None, help="override the profile's number of seeds")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the runs' seeds are FIRST … FIRST+SEEDS-1 (default 0): --seeds 1 --first-seed 2 runs seed 2 "
+                             "alone, into the directory a run of --seeds 3 uses")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--epochs", type=int, default=None, help="override every task's epoch budget")
@@ -225,12 +229,15 @@ def main(argv=None) -> dict:
     if args.section is not None and not re.fullmatch(r"semantic_focus_\w+", args.section):
         parser.error(f"--section: expected a name like semantic_focus_parity (letters, digits, _), got {args.section!r}")
     seeds = args.seeds or settings["seeds"]
+    if seeds < 1 or args.first_seed < 0:
+        parser.error(f"--seeds {seeds} --first-seed {args.first_seed}: expected at least one seed, the first ≥ 0")
+    seed_ids = range(args.first_seed, args.first_seed + seeds)
     suffix = "_paper_encoder" if args.backbone == "paper" else ""  # own sections, plots and runs per backbone
     output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}{suffix.replace('_', '-')}")
     jobs = []
     for task in tasks:
         n_train, n_heldout, epochs, task_kwargs = settings[task]
-        for seed in range(seeds):
+        for seed in seed_ids:
             for variant in variants:
                 jobs.append(dict(task=task, variant=variant, seed=seed, n_train=n_train, n_heldout=n_heldout,
                                  epochs=args.epochs or epochs, task_kwargs=task_kwargs, device=args.device,
@@ -267,7 +274,7 @@ def main(argv=None) -> dict:
         n_train, n_heldout, epochs, kw = settings[task]
         length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"
         lines.append(f"| {task} | {n_train} / {n_heldout} | {length} | {args.epochs or epochs} ({paper_epochs[task]}) | "
-                     f"{seeds} |")
+                     f"{seeds if args.first_seed == 0 else ', '.join(map(str, seed_ids))} |")
     lines += ["", "Epochs to ≥ 95 % training accuracy (median over seeds, a seed that never reached it counted as budget + 1; – = not reached) and "
               "held-out accuracy (median over seeds: at the last epoch run / best epoch).", "",
               "| task | variant | epochs to 95 % | per seed | held-out acc (last / best) | train acc (last) |",

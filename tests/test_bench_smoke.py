@@ -208,6 +208,35 @@ def test_length_generalisation_jobs_train_the_same_models_as_one_job(bench, tmp_
         length_generalisation.main([*models, "--jobs", "0", *out])
 
 
+def test_first_seed_trains_the_model_a_run_of_more_seeds_trains(bench, tmp_path):
+    """--seeds 1 --first-seed 1 trains seed 1 alone, into the directory and with the result that seed 1 of --seeds 2
+    has (so a later session can add a seed), and the sections name the seeds they hold."""
+    out, results, corpus, recipe = bench
+    import length_generalisation
+    import needle
+
+    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "1", "--variants", "RoPE", "--windows", "1",
+              "--eval-corpus", "blocks", "--dataset", str(corpus), "--recipe", str(recipe)]
+    length_generalisation.main([*models, "--seeds", "2", "--output-dir", str(tmp_path / "both"), *out])
+    length_generalisation.main([*models, "--seeds", "1", "--first-seed", "1", "--output-dir", str(tmp_path / "later"),
+                                *out])
+    assert sorted(p.name for p in (tmp_path / "later").iterdir()) == ["rope-s1"]
+    one, two = (json.loads((tmp_path / d / "rope-s1" / "length_eval" / "summary.json").read_text())
+                for d in ("both", "later"))
+    assert one["loss"] == two["loss"]
+    assert "seeds [1];" in results.read_text().split("<!-- length_generalisation:start -->")[1]
+    needle_recipe = tmp_path / "needle.yaml"
+    needle_recipe.write_text((BENCH.parent / "configuration/recipes/needle_finetune.yaml").read_text()
+                             + "\nneedle_examples: 16\nbf16: false\n")
+    needle.main([*models, "--seeds", "1", "--first-seed", "1", "--output-dir", str(tmp_path / "later"),
+                 "--ft-steps", "1", "--ft-batch", "2", "--examples", "1", "--needle-recipe", str(needle_recipe), *out])
+    section = results.read_text().split("<!-- needle:start -->")[1]
+    assert "seeds [1])" in section and "| RoPE | 1 |" in section and "| RoPE | 0 |" not in section
+    assert (tmp_path / "later" / "rope-s1" / "needle_finetune" / "final").is_dir()
+    with pytest.raises(SystemExit, match="--first-seed -1: expected 0 or a positive integer"):
+        length_generalisation.main([*models, "--first-seed", "-1", *out])
+
+
 def test_needle_recall_diagnostics(bench, tmp_path):
     """A needle's number counts when it is a whole digit run of the answer's first line, with any city; a number
     only inside a longer run, or after the newline, does not. Its city counts when that line names it as `City=`,
@@ -237,7 +266,7 @@ def test_needle_finetune_curve(bench, tmp_path):
     the plateau reports its lowest loss, and a missing log reports nothing."""
     import needle
 
-    cfg = {"output_dir": str(tmp_path), "multiples": [1]}
+    cfg = {"output_dir": str(tmp_path), "multiples": [1], "seeds": 2, "first_seed": 0}
     rows = {"rope-s0": [{"step": 0, "val_loss": 4.0}, {"step": 20, "loss": 1.3, "lr": 0.001},
                         {"step": 40, "loss": 0.1, "lr": 0.002}, {"step": 50, "val_loss": 0.5},
                         {"step": 60, "loss": 0.05, "lr": 0.001}],

@@ -108,3 +108,15 @@ def test_benchmark_extends_finished_runs_to_a_larger_budget(tmp_path, capsys, se
         semantic_focus_bench.main([*argv, "--epochs", "3"])
     message = str(refused.value.code)
     assert message.count("\n") == 0 and "without resume.pt" in message and "--epochs 3" in message
+
+
+def test_benchmark_runs_a_later_seed_alone_into_its_own_directory(tmp_path, semantic_focus_bench):
+    """--first-seed 1 --seeds 1: seed 1 alone, the same run (and directory) as seed 1 of --seeds 2."""
+    argv = ["--smoke", "--tasks", "parity", "--variants", "full", "--jobs", "1", "--threads", "1", "--no-write",
+            "--epochs", "1"]
+    both = semantic_focus_bench.main([*argv, "--seeds", "2", "--output-dir", str(tmp_path / "both")])
+    later = semantic_focus_bench.main([*argv, "--seeds", "1", "--first-seed", "1", "--output-dir", str(tmp_path / "later")])
+    assert [run["seed"] for run in later["runs"]] == [1]
+    assert sorted(p.name for p in (tmp_path / "later" / "parity" / "full").iterdir()) == ["seed1"]
+    assert without_time(later["runs"][0]["history"]) == without_time(both["runs"][1]["history"])
+    assert "| parity | 40 / 20 | 40 | 1 (1000) | 1 |" in later["section"]
