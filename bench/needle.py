@@ -141,14 +141,14 @@ def curve_table(curves: dict, recalls: dict, cfg: dict) -> list[str]:
              + f" | left the plateau: step (lr sum) | answers in the format at {' / '.join(f'{m}L' for m in ms)} |",
              "|---|---|---|---|---|"]
     for variant, by_seed in curves.items():
-        for index, (seed, curve) in enumerate(zip(lg.seed_ids(cfg), by_seed)):
+        for seed, curve, shares in zip(lg.seed_ids(cfg), by_seed, recalls[variant]):
             val = " / ".join(f"{curve['val'][s]:.2f}" if s in curve["val"] else "–" for s in steps)
             if curve["exit"]:
                 left = f"step {curve['exit'][0]} ({curve['exit'][1]:.2f})"
             else:
                 left = "not reached" + (f" (lowest {curve['lowest'][0]:.2f} at step {curve['lowest'][1]})"
                                         if curve["lowest"] else "")
-            shape = " / ".join(f"{recalls[variant][index]['format'][m]:.0%}" for m in ms)
+            shape = " / ".join(f"{shares['format'][m]:.0%}" for m in ms)
             lines.append(f"| {variant} | {seed} | {val} | {left} | {shape} |")
     return lines
 
