@@ -17,7 +17,9 @@ On CPU the default cannot afford the paper's budgets (Parity 1000 epochs, ListOp
 sequences of 501–599 tokens): it caps the epochs and runs a shorter ListOps (documented in the section).
 Finished runs are reused from --output-dir (summary.json); a stopped run continues from the state saved after
 its last epoch (resume.pt), and so does a finished run given a larger --epochs. `--first-seed K` starts the seeds
-at K, so a later seed can run alone into the directory a run of more seeds would use.
+at K, so a later seed can run alone into the directory a run of more seeds would use. `--time-limit MINUTES` ends
+every run after its last epoch that fits (say, in a lease of GPU time); the section names the epochs run, and the
+same command continues the runs from their saved state.
 """
 from __future__ import annotations
 
@@ -83,8 +85,10 @@ def one_run(job: dict) -> dict:
         summary = json.loads((out / "summary.json").read_text())
         if summary.get("backbone", "library") != job["backbone"]:
             raise ValueError(f"{out} holds a {summary.get('backbone', 'library')}-backbone run, not {job['backbone']}")
-        stopped_early = summary["epochs_run"] < summary["epochs_budget"]
-        if stopped_early or summary["epochs_budget"] >= job["epochs"]:
+        # a run cut by --time-limit is not finished: it continues from its resume.pt
+        cut = summary.get("stopped_at_deadline", False)
+        stopped_early = summary["epochs_run"] < summary["epochs_budget"] and not cut
+        if stopped_early or (not cut and summary["epochs_budget"] >= job["epochs"]):
             summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             return {**job, **summary, "reused": True}
         if not (out / "resume.pt").exists():
@@ -97,7 +101,8 @@ def one_run(job: dict) -> dict:
                            n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],
                            stop_at_train_acc=job["stop_at"], save_model=False, tensorboard=False, plot_every=0,
                            log=lambda line: print(line, flush=True) if job["verbose"] else None,
-                           backbone=job["backbone"], resume=True, **VARIANTS[job["variant"]])
+                           backbone=job["backbone"], resume=True, deadline=job["deadline"],
+                           **VARIANTS[job["variant"]])
     return {**job, **summary, "reused": False}
 
 
@@ -111,24 +116,40 @@ def summarise(runs: list[dict], tasks, variants) -> dict:
         for variant in variants:
             rows = [r for r in runs if r["task"] == task and r["variant"] == variant]
             reached = [r["epochs_to_95"] for r in rows if r["epochs_to_95"] is not None]
+            unreached_run = [r["epochs_run"] for r in rows if r["epochs_to_95"] is None]
             table[task, variant] = {
                 "seeds": len(rows), "reached": len(reached), "epochs_to_95": [r["epochs_to_95"] for r in rows],
-                # a seed that never reached 95 % counts as "budget + 1" for the median (a lower bound)
-                "median_epochs": _median([r["epochs_to_95"] or r["epochs_budget"] + 1 for r in rows]),
+                # a seed that never reached 95 % counts as "epochs run + 1" for the median (a lower bound)
+                "median_epochs": _median([r["epochs_to_95"] or r["epochs_run"] + 1 for r in rows]),
+                "unreached_within": min(unreached_run, default=None),
                 "heldout_final": _median([r["final"]["heldout_acc"] for r in rows]),
                 "heldout_best": _median([r["best_heldout_acc"] for r in rows]),
-                "train_final": _median([r["final"]["train_acc"] for r in rows])}
+                "train_final": _median([r["final"]["train_acc"] for r in rows]),
+                "train_losses": [[epoch["train_loss"] for epoch in r["history"]] for r in rows]}
     return table
+
+
+def loss_at_common_epoch(table, task) -> str:
+    """Median training loss of each variant at the last epoch all the task's runs reached: the paper's ListOps
+    comparison (training CE), for when no run reaches 95 % accuracy."""
+    cells = {v: c for (t, v), c in table.items() if t == task}
+    common = min(len(losses) for c in cells.values() for losses in c["train_losses"])
+    return (f"training loss at epoch {common} (median over seeds): "
+            + ", ".join(f"{VARIANT_NAMES[v]} {_median([losses[common - 1] for losses in c['train_losses']]):.3f}"
+                        for v, c in cells.items()))
 
 
 def verdict(table, task, budget) -> str:
     full, topk = table[task, "full"], table[task, "topk"]
     fixed = [table[task, v] for v in ("window", "block") if (task, v) in table]
     if not full["reached"] and not topk["reached"]:
-        return f"neither full nor top-k reached 95 % within {budget} epochs: no verdict"
+        within = min(full["unreached_within"], topk["unreached_within"])
+        return (f"neither full nor top-k reached 95 % within {within} epochs: no verdict"
+                + ("" if within == budget else f" (budget {budget}, cut by --time-limit)")
+                + f"; {loss_at_common_epoch(table, task)}")
     faster = topk["median_epochs"] < full["median_epochs"]
     text = (f"top-k {'faster than' if faster else 'not faster than'} full (median epochs to 95 %: "
-            f"{_fmt_epochs(topk, budget)} vs {_fmt_epochs(full, budget)})")
+            f"{_fmt_epochs(topk)} vs {_fmt_epochs(full)})")
     if fixed:
         text += "; window/block " + ("reached 95 % in some seeds" if any(f["reached"] for f in fixed)
                                      else "never reached 95 %")
@@ -145,9 +166,9 @@ def _run_time(runs) -> str:
             f"{sum(seconds) / 60:.0f} min of run time, median {statistics.median(seconds):.1f} s per epoch)")
 
 
-def _fmt_epochs(cell, budget) -> str:
+def _fmt_epochs(cell) -> str:
     if not cell["reached"]:
-        return f">{budget}"
+        return f">{cell['unreached_within']}"
     return f"{cell['median_epochs']:g}" + ("" if cell["reached"] == cell["seeds"] else f" ({cell['reached']}/{cell['seeds']} seeds)")
 
 
@@ -158,25 +179,31 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    figure, axes = plt.subplots(2, len(tasks), figsize=(4 * len(tasks), 6), squeeze=False)
+    keys = ("train_acc", "heldout_acc", "train_loss")
+    figure, axes = plt.subplots(len(keys), len(tasks), figsize=(4 * len(tasks), 9), squeeze=False)
     for column, task in enumerate(tasks):
         for variant in variants:
-            histories = [r["history"] for r in runs if r["task"] == task and r["variant"] == variant]
-            if not histories:
+            chosen = [r for r in runs if r["task"] == task and r["variant"] == variant]
+            if not chosen:
                 continue
-            for row, key in enumerate(("train_acc", "heldout_acc")):
-                longest = max(len(h) for h in histories)
-                # runs stopped early keep their last value (they had converged)
-                curves = [[h[min(e, len(h) - 1)][key] for e in range(longest)] for h in histories]
-                epochs = list(range(1, longest + 1))
-                median = [statistics.median(c[e] for c in curves) for e in range(longest)]
-                line, = axes[row][column].plot(epochs, median, label=variant, marker=".")
-                axes[row][column].fill_between(epochs, [min(c[e] for c in curves) for e in range(longest)],
-                                               [max(c[e] for c in curves) for e in range(longest)],
+            for row, key in enumerate(keys):
+                # runs that stopped because they had converged keep their last value; runs cut by --time-limit end
+                curves = [[epoch[key] for epoch in r["history"]] for r in chosen]
+                longest = max(len(c) for c in curves)
+                columns = [[c[e] if e < len(c) else c[-1] for c, r in zip(curves, chosen)
+                            if e < len(c) or not r.get("stopped_at_deadline")] for e in range(longest)]
+                epochs = list(range(1, len(columns) + 1))
+                line, = axes[row][column].plot(epochs, [statistics.median(v) for v in columns], label=variant,
+                                               marker=".")
+                axes[row][column].fill_between(epochs, [min(v) for v in columns], [max(v) for v in columns],
                                                color=line.get_color(), alpha=0.15)
-        for row, name in enumerate(("train accuracy", "held-out accuracy")):
-            axes[row][column].set(title=f"{task}" if row == 0 else None, xlabel="epoch", ylabel=name, ylim=(0, 1.02))
-            axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
+        for row, name in enumerate(("train accuracy", "held-out accuracy", "train loss")):
+            axes[row][column].set(title=f"{task}" if row == 0 else None, xlabel="epoch", ylabel=name)
+            if row < 2:
+                axes[row][column].set_ylim(0, 1.02)
+                axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
+            else:
+                axes[row][column].set_yscale("log")
             axes[row][column].xaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].legend(fontsize=8)
     save_figure(figure, path)
@@ -206,6 +233,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--epochs", type=int, default=None, help="override every task's epoch budget")
     parser.add_argument("--stop-at", type=float, default=0.99,
                         help="end a run once training accuracy reaches this (0.95 criterion unaffected); 0: never")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                        help="end every run after its last epoch that fits in this many minutes from the start (the "
+                             "section names the epochs run; the same command continues the runs)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--output-dir", default=None, help="default runs/semantic_focus-<profile>")
@@ -231,9 +261,13 @@ def main(argv=None) -> dict:
     seeds = args.seeds or settings["seeds"]
     if seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds {seeds} --first-seed {args.first_seed}: expected at least one seed, the first ≥ 0")
+    if args.time_limit is not None and args.time_limit <= 0:
+        parser.error(f"--time-limit {args.time_limit:g}: expected a positive number of minutes")
     seed_ids = range(args.first_seed, args.first_seed + seeds)
     suffix = "_paper_encoder" if args.backbone == "paper" else ""  # own sections, plots and runs per backbone
     output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}{suffix.replace('_', '-')}")
+    started = time.time()
+    deadline = None if args.time_limit is None else started + 60 * args.time_limit
     jobs = []
     for task in tasks:
         n_train, n_heldout, epochs, task_kwargs = settings[task]
@@ -242,9 +276,8 @@ def main(argv=None) -> dict:
                 jobs.append(dict(task=task, variant=variant, seed=seed, n_train=n_train, n_heldout=n_heldout,
                                  epochs=args.epochs or epochs, task_kwargs=task_kwargs, device=args.device,
                                  stop_at=args.stop_at or None, threads=args.threads, verbose=args.verbose,
-                                 backbone=args.backbone,
+                                 backbone=args.backbone, deadline=deadline,
                                  output_dir=str(output_dir / task / variant / f"seed{seed}")))
-    started = time.time()
     try:
         if args.jobs > 1:
             with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
@@ -275,7 +308,7 @@ def main(argv=None) -> dict:
         length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"
         lines.append(f"| {task} | {n_train} / {n_heldout} | {length} | {args.epochs or epochs} ({paper_epochs[task]}) | "
                      f"{seeds if args.first_seed == 0 else ', '.join(map(str, seed_ids))} |")
-    lines += ["", "Epochs to ≥ 95 % training accuracy (median over seeds, a seed that never reached it counted as budget + 1; – = not reached) and "
+    lines += ["", "Epochs to ≥ 95 % training accuracy (median over seeds, a seed that never reached it counted as its epochs run + 1; – = not reached) and "
               "held-out accuracy (median over seeds: at the last epoch run / best epoch).", "",
               "| task | variant | epochs to 95 % | per seed | held-out acc (last / best) | train acc (last) |",
               "|---|---|---|---|---|---|"]
@@ -284,14 +317,19 @@ def main(argv=None) -> dict:
         for variant in variants:
             cell = table[task, variant]
             per_seed = ", ".join("–" if e is None else str(e) for e in cell["epochs_to_95"])
-            lines.append(f"| {task} | {variant} | {_fmt_epochs(cell, budget)} | {per_seed} | "
+            lines.append(f"| {task} | {variant} | {_fmt_epochs(cell)} | {per_seed} | "
                          f"{cell['heldout_final']:.3f} / {cell['heldout_best']:.3f} | {cell['train_final']:.3f} |")
+    cut = [r for r in runs if r.get("stopped_at_deadline")]
+    if cut:
+        lines += ["", f"Stopped by `--time-limit {args.time_limit:g}` before their budget (the same command continues "
+                  "them): " + "; ".join(f"{r['task']} {r['variant']} seed {r['seed']} after {r['epochs_run']} epochs"
+                                       for r in cut) + "."]
     if "full" in variants and "topk" in variants:
         lines += ["", "Against the paper's claim (top-k learns faster than full; fixed patterns do not):", ""]
         lines += [f"- {task}: {verdict(table, task, args.epochs or settings[task][2])}" for task in tasks]
     section_name = args.section or f"semantic_focus{'' if name == 'default' else '_' + name}{suffix}"
     png = (output_dir if args.no_write else pathlib.Path(args.plots_dir)) / f"{section_name}.png"
-    lines += ["", f"![median accuracy per epoch with min–max band over seeds]({plot_link(args.results, png)})"]
+    lines += ["", f"![median accuracy and training loss per epoch with min–max band over seeds]({plot_link(args.results, png)})"]
     section = "\n".join(line for line in lines if line is not None)
     print(section)
     plot(runs, tasks, variants, png)

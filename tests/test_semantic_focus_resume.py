@@ -120,3 +120,59 @@ def test_benchmark_runs_a_later_seed_alone_into_its_own_directory(tmp_path, sema
     assert sorted(p.name for p in (tmp_path / "later" / "parity" / "full").iterdir()) == ["seed1"]
     assert without_time(later["runs"][0]["history"]) == without_time(both["runs"][1]["history"])
     assert "| parity | 40 / 20 | 40 | 1 (1000) | 1 |" in later["section"]
+
+
+def test_a_run_cut_at_its_deadline_is_saved_and_resumes_to_the_uninterrupted_history(tmp_path):
+    import time
+
+    from modeling_angpt.evaluation.semantic_focus import run_protocol
+
+    whole = run_protocol("parity", tmp_path / "whole", epochs=3, backbone="paper", log=quiet,
+                         deadline=time.time() + 3600, **SMALL)
+    assert whole["epochs_run"] == 3 and not whole["stopped_at_deadline"]
+    cut = run_protocol("parity", tmp_path / "cut", epochs=3, backbone="paper", log=quiet, deadline=time.time(),
+                       **SMALL)
+    assert cut["epochs_run"] == 1 and cut["stopped_at_deadline"]  # one epoch always runs
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["stopped_at_deadline"] is True
+    resumed = run_protocol("parity", tmp_path / "cut", epochs=3, backbone="paper", log=quiet, resume=True, **SMALL)
+    assert not resumed["stopped_at_deadline"]
+    assert without_time(resumed["history"]) == without_time(whole["history"])
+
+
+def test_command_time_limit_cuts_the_run_says_so_and_refuses_a_non_positive_one(tmp_path, capsys):
+    from modeling_angpt.cli import main
+
+    out = tmp_path / "run"
+    argv = ["semantic-focus", "--backbone", "paper", "--task", "parity", "--n-train", "30", "--n-heldout", "10",
+            "--num-layers", "1", "--output-dir", str(out), "--no-tensorboard", "--threads", "1", "--epochs", "2"]
+    assert main([*argv, "--time-limit", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--time-limit 0" in err and "positive" in err
+    assert not out.exists()
+    assert main([*argv, "--time-limit", "0.000001"]) == 0
+    assert "1 epochs (stopped at --time-limit; --resume continues it)" in capsys.readouterr().out
+    assert main([*argv, "--resume"]) == 0
+    assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
+def test_benchmark_time_limit_names_the_cut_runs_and_the_same_command_continues_them(tmp_path, capsys,
+                                                                                       semantic_focus_bench):
+    argv = ["--smoke", "--tasks", "parity", "--variants", "full,topk", "--jobs", "1", "--threads", "1", "--no-write",
+            "--epochs", "3", "--stop-at", "0"]
+    whole = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "whole")])
+    cut = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut"), "--time-limit", "0.000001"])
+    assert [run["epochs_run"] for run in cut["runs"]] == [1, 1]
+    assert ("Stopped by `--time-limit 1e-06` before their budget (the same command continues them): parity full "
+            "seed 0 after 1 epochs; parity topk seed 0 after 1 epochs.") in cut["section"]
+    if not any(run["epochs_to_95"] for run in cut["runs"]):
+        assert "| parity | full | >1 | – |" in cut["section"]
+        assert "within 1 epochs: no verdict (budget 3, cut by --time-limit); training loss at epoch 1" in cut["section"]
+    continued = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut")])
+    assert not any(run["reused"] or run["stopped_at_deadline"] for run in continued["runs"])
+    assert "Stopped by" not in continued["section"]
+    for run, oracle in zip(continued["runs"], whole["runs"]):
+        assert without_time(run["history"]) == without_time(oracle["history"])
+    with pytest.raises(SystemExit):
+        semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut"), "--time-limit", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--time-limit -1: expected a positive number of minutes" in err

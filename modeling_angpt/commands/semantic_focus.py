@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 TASK_NAMES = ("even_pairs", "parity", "cycle_navigation", "modular_arithmetic", "stack_manipulation",
@@ -31,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=25)
     parser.add_argument("--grad-clip", type=float, default=0.5, help="gradient-norm clip (0: none)")
     parser.add_argument("--stop-at-train-acc", type=float, default=None, help="end early at this training accuracy")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                        help="end after the last epoch that fits in this many minutes (state saved: --resume continues)")
     parser.add_argument("--backbone", default="library", choices=("library", "paper"),
                         help="library: AnGPTForSequenceClassification (--architecture, RoPE); paper: the paper's "
                         "encoder (sinusoidal positions, non-affine LayerNorm, ReLU MLP; saved as state_dict + JSON)")
@@ -63,7 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.time()
     out = Path(args.output_dir)
+    if args.time_limit is not None and args.time_limit <= 0:
+        print(f"angpt semantic-focus: error: --time-limit {args.time_limit:g}: expected a positive number of minutes",
+              file=sys.stderr)
+        return 2
     if not args.resume and ((out / "metrics.jsonl").exists() or (out / "summary.json").exists()):
         print(f"angpt semantic-focus: error: {out} already holds results (metrics.jsonl); continue it with --resume "
               "or choose another --output-dir", file=sys.stderr)
@@ -93,12 +101,14 @@ def run(args: argparse.Namespace) -> int:
             args.task, out, seed=args.seed, epochs=args.epochs, n_train=args.n_train, n_heldout=args.n_heldout,
             batch_size=args.batch_size, lr=args.lr, gamma=args.gamma, grad_clip=args.grad_clip or None,
             device=args.device, stop_at_train_acc=args.stop_at_train_acc, task_kwargs=task_kwargs,
-            tensorboard=not args.no_tensorboard, backbone=args.backbone, resume=args.resume, **model_kwargs)
+            tensorboard=not args.no_tensorboard, backbone=args.backbone, resume=args.resume,
+            deadline=None if args.time_limit is None else started + 60 * args.time_limit, **model_kwargs)
     except (ValueError, FileExistsError, FloatingPointError) as error:
         print(f"angpt semantic-focus: error: {error}", file=sys.stderr)
         return 2
     final = summary["final"]
-    print(f"{args.task}: {summary['epochs_run']} epochs, epochs to 95 % train accuracy: "
+    stopped = " (stopped at --time-limit; --resume continues it)" if summary["stopped_at_deadline"] else ""
+    print(f"{args.task}: {summary['epochs_run']} epochs{stopped}, epochs to 95 % train accuracy: "
           f"{summary['epochs_to_95'] or 'not reached'}; final train acc {final['train_acc']:.3f}, held-out acc "
           f"{final['heldout_acc']:.3f}; results in {out}")
     return 0

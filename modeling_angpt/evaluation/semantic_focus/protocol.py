@@ -207,7 +207,8 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
                  gamma: float | None = None, grad_clip: float | None = 0.5, eval_batch_size: int = 250,
                  device: str = "cpu", stop_at_train_acc: float | None = None, task_kwargs: dict | None = None,
                  tensorboard: bool = True, save_model: bool = True, plot_every: int = 10, log=print,
-                 backbone: str = "library", resume: bool = False, **model_kwargs) -> dict:
+                 backbone: str = "library", resume: bool = False, deadline: float | None = None,
+                 **model_kwargs) -> dict:
     """Train the paper's model on one task with one attention configuration; return the summary.
 
     Writes to `output_dir` (refuses one that already holds results, unless `resume`): `run.json` (every setting,
@@ -218,7 +219,9 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     history an uninterrupted run would have; it refuses a run trained with other settings (`RESUMABLE` aside)
     and starts afresh when the directory holds no results. `output_dir=None` keeps everything in memory.
     `model_kwargs` go to `model_config` (attention settings, architecture, ...). `stop_at_train_acc` ends the run
-    early once training accuracy reaches it.
+    early once training accuracy reaches it. `deadline` (a `time.time()` value) ends it early, after the last epoch
+    that its predecessor's duration says would finish before then, and marks the summary `stopped_at_deadline`;
+    its saved state lets a later call with `resume` continue it (to fit a run into a lease of machine time).
     `backbone="paper"`: the paper's encoder (paper_encoder.py; `model_kwargs` as PaperEncoderConfig's fields),
     saved as `model/config.json` + `model/model.pt` (not a transformers model)."""
     from ... import AnGPTForSequenceClassification
@@ -291,6 +294,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
 
             writer = SummaryWriter(str(out / "tensorboard"), purge_step=len(history) + 1 if history else None)
     stopped = bool(history) and stop_at_train_acc is not None and history[-1]["train_acc"] >= stop_at_train_acc
+    stopped_at_deadline = False
     for epoch in range(len(history) + 1, 0 if stopped else epochs + 1):
         started = time.perf_counter()
         order = torch.randperm(n_train, generator=shuffle)
@@ -329,11 +333,15 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
             _save_state(out, history, model, optimizer, scheduler, shuffle)
         if stop_at_train_acc is not None and train_acc >= stop_at_train_acc:
             break
+        if deadline is not None and epoch < epochs and time.time() + row["seconds"] > deadline:
+            stopped_at_deadline = True  # the next epoch would likely end past the deadline
+            break
 
     summary = dict(task=task, backbone=backbone, seed=seed, attention_sparsity=config.attention_sparsity,
                    architecture=config.architecture, epochs_run=len(history), epochs_budget=epochs,
                    epochs_to_95=epochs_to(history), final=history[-1] if history else None,
-                   best_heldout_acc=max((r["heldout_acc"] for r in history), default=None), history=history)
+                   best_heldout_acc=max((r["heldout_acc"] for r in history), default=None),
+                   stopped_at_deadline=stopped_at_deadline, history=history)
     if out is not None:
         if writer is not None:
             writer.close()
