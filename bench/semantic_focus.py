@@ -209,10 +209,13 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
     save_figure(figure, path)
 
 
-def machine() -> str:
+def machine(device: str = "cpu") -> str:
     import torch
 
-    return f"{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}, torch {torch.__version__}"
+    gpu = (f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}) with "
+           if device.startswith("cuda") and torch.cuda.is_available() else "")
+    return (f"{gpu}{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}, "
+            f"torch {torch.__version__}")
 
 
 def main(argv=None) -> dict:
@@ -296,7 +299,7 @@ def main(argv=None) -> dict:
     if args.section:  # a section beside the profile's own: say which tasks it holds
         compared += " on " + ", ".join(tasks)
     lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
-             f"`{command}` on {machine()}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
+             f"`{command}` on {machine(args.device)}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
              f"thread(s) each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
              f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, Ram et al.): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
