@@ -3,7 +3,8 @@
 # device call holds it): the gpu-marked tests (bf16 parity of every backend, compiled training, compiled
 # static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, compiled
 # decoding against eager, training throughput and MFU (anGPT, GPT+, nGPT, Llama; eager, then compiled), then, when
-# time is left, the compiled step time at the paper's 0.5B shape and the width-stability sweep. A step that would
+# time is left, the compiled step time at the paper's 0.5B shape, the width-stability sweep, and ListOps (semantic
+# focus) for the rest of the time. A step that would
 # not fit the time left is skipped and named. Figures go into bench/RESULTS.md sections that name the device;
 # inference_speed prints its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
 #   bash bench/gpu_suite.sh            (from the repository root, with the package installed: make install)
@@ -45,6 +46,16 @@ step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --comp
     --layers 24 --vocab 50304 --batch 8 --seq 2048 --rounds 10 --warmup 3 --section train_step_time_gpu
 step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
     --variants baseline width_rule width_rule+s_z_speed_256 --precisions fp32 bf16 --section width_stability_gpu
+# the semantic-focus paper's ListOps (5000 sequences of 501-599 tokens, 200 epochs) in whatever time is left:
+# --time-limit cuts the four runs (one seed) in time, and the next suite continues them from their saved state
+left=$(( BUDGET - ($(date +%s) - start) ))
+if (( left >= 150 )); then
+    step $left listops $PY bench/semantic_focus.py --paper --backbone paper --tasks listops --seeds 1 --device cuda \
+        --jobs 4 --time-limit "$(awk "BEGIN {print ($left - 40) / 60}")" \
+        --section semantic_focus_paper_encoder_listops_gpu --output-dir runs/semantic_focus-paper-listops-gpu
+else
+    skipped+=("listops"); echo "== skip listops: ${left} s left, needs 150 s" | tee -a $LOG
+fi
 
 $PY - "$DEVICE" "$tests_line" "$(( $(date +%s) - start ))" "${skipped[*]:-none}" <<'PYEOF'
 import sys
