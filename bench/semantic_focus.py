@@ -316,7 +316,6 @@ def main(argv=None) -> dict:
               "| task | variant | epochs to 95 % | per seed | held-out acc (last / best) | train acc (last) |",
               "|---|---|---|---|---|---|"]
     for task in tasks:
-        budget = args.epochs or settings[task][2]
         for variant in variants:
             cell = table[task, variant]
             per_seed = ", ".join("–" if e is None else str(e) for e in cell["epochs_to_95"])
