@@ -4,8 +4,8 @@
 # static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, compiled
 # decoding against eager, training throughput and MFU (anGPT, GPT+, nGPT, Llama; eager, then compiled), then, when
 # time is left, the compiled step time at the paper's 0.5B shape, the width-stability sweep, and ListOps (semantic
-# focus) for the rest of the time. A step that would
-# not fit the time left is skipped and named. Figures go into bench/RESULTS.md sections that name the device;
+# focus) for the rest of the time. A step that would not fit the time left is skipped and named. Figures go into
+# bench/RESULTS.md sections that name the device;
 # inference_speed prints its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
 #   bash bench/gpu_suite.sh            (from the repository root, with the package installed: make install)
 set -uo pipefail
