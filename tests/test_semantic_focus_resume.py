@@ -176,3 +176,13 @@ def test_benchmark_time_limit_names_the_cut_runs_and_the_same_command_continues_
         semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut"), "--time-limit", "-1"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--time-limit -1: expected a positive number of minutes" in err
+
+
+def test_benchmark_names_the_gpu_of_a_cuda_run(monkeypatch, semantic_focus_bench):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some GPU")
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert semantic_focus_bench.machine("cuda").startswith("Some GPU (CUDA 13.0) with ")
+    assert "Some GPU" not in semantic_focus_bench.machine("cpu")
