@@ -89,15 +89,21 @@ def load_average() -> str:
         return "n/a"
 
 
+def gpu_name(device: str) -> str | None:
+    """"NAME (CUDA x.y)" of the GPU a `device` string runs on; None for a CPU run."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
+    return None
+
+
 def machine_line(device: str = "cpu") -> str:
     """Machine, versions and load: one sentence for a RESULTS.md section."""
     import torch
     import transformers
 
-    if device.startswith("cuda") and torch.cuda.is_available():
-        what = f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda})"
-    else:
-        what = f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    what = gpu_name(device) or f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
     return (f"Machine: {what}; Python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}; load average (1/5/15 min) {load_average()} when written.")
 

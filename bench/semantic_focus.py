@@ -39,8 +39,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from results_file import (add_output_arguments, command_line, cpu_name, help_description, plot_link,  # noqa: E402
-                          save_figure, update_section)
+from results_file import (add_output_arguments, command_line, cpu_name, gpu_name, help_description,  # noqa: E402
+                          plot_link, save_figure, update_section)
 
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
@@ -86,9 +86,8 @@ def one_run(job: dict) -> dict:
         if summary.get("backbone", "library") != job["backbone"]:
             raise ValueError(f"{out} holds a {summary.get('backbone', 'library')}-backbone run, not {job['backbone']}")
         # a run cut by --time-limit is not finished: it continues from its resume.pt
-        cut = summary.get("stopped_at_deadline", False)
-        stopped_early = summary["epochs_run"] < summary["epochs_budget"] and not cut
-        if stopped_early or (not cut and summary["epochs_budget"] >= job["epochs"]):
+        stopped_early = summary["epochs_run"] < summary["epochs_budget"]
+        if not summary.get("stopped_at_deadline") and (stopped_early or summary["epochs_budget"] >= job["epochs"]):
             summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             return {**job, **summary, "reused": True}
         if not (out / "resume.pt").exists():
@@ -212,10 +211,9 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
 def machine(device: str = "cpu") -> str:
     import torch
 
-    gpu = (f"{torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}) with "
-           if device.startswith("cuda") and torch.cuda.is_available() else "")
-    return (f"{gpu}{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, Python {platform.python_version()}, "
-            f"torch {torch.__version__}")
+    gpu = gpu_name(device)
+    return (f"{gpu + ' with ' if gpu else ''}{cpu_name()}, {os.cpu_count()} cores, {platform.system()}, "
+            f"Python {platform.python_version()}, torch {torch.__version__}")
 
 
 def main(argv=None) -> dict:
