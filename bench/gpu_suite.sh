@@ -47,11 +47,11 @@ step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --comp
 step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
     --variants baseline width_rule width_rule+s_z_speed_256 --precisions fp32 bf16 --section width_stability_gpu
 # the semantic-focus paper's ListOps (5000 sequences of 501-599 tokens, 200 epochs) in whatever time is left:
-# --time-limit cuts the four runs (one seed) in time, and the next suite continues them from their saved state
+# --time-limit cuts the eight runs (two seeds) in time, and the next suite continues them from their saved state
 left=$(( BUDGET - ($(date +%s) - start) ))
 if (( left >= 150 )); then
-    step $left listops $PY bench/semantic_focus.py --paper --backbone paper --tasks listops --seeds 1 --device cuda \
-        --jobs 4 --time-limit "$(awk "BEGIN {print ($left - 40) / 60}")" \
+    step $left listops $PY bench/semantic_focus.py --paper --backbone paper --tasks listops --seeds 2 --device cuda \
+        --jobs 8 --time-limit "$(awk "BEGIN {print ($left - 40) / 60}")" \
         --section semantic_focus_paper_encoder_listops_gpu --output-dir runs/semantic_focus-paper-listops-gpu
 else
     skipped+=("listops"); echo "== skip listops: ${left} s left, needs 150 s" | tee -a $LOG

@@ -54,7 +54,7 @@ def _train(model, steps: int = 3) -> list[float]:
 def test_compiled_blocks_trace_one_graph_without_breaks_and_match_eager(architecture):
     """fullgraph=True makes any graph break an error; one graph for both blocks means the warm-up does not grow
     with depth. aot_eager traces forward and backward (AOT autograd) without inductor's minutes of C++ builds on
-    CPU; inductor itself runs in the gpu-marked tests and bench/gpu_suite.py."""
+    CPU; inductor itself runs in the gpu-marked tests and bench/gpu_suite.sh."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
