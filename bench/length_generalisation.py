@@ -230,6 +230,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
     lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)"
              + title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
+             rf.corpus_line(cfg.get("dataset_given", cfg["dataset"]), cfg["eval_file"]), "",
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
              f"(d_h={cfg['hidden'] // cfg['heads']}), {tokenizer_text(cfg)}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "

@@ -158,6 +158,7 @@ def section(results: dict, recalls: dict, curves: dict, cfg: dict, command: str,
     lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
              + lg.title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
+             rf.corpus_line(cfg.get("dataset_given", cfg["dataset"])), "",
              f"Base models: the length-generalisation models ({cfg['arch']}, d={cfg['hidden']}, {cfg['layers']} layers, "
              f"{lg.tokenizer_text(cfg)}, trained at L={cfg['length']} for {cfg['steps']} steps; seeds {lg.seed_ids(cfg)}). "
              f"Each fine-tuned {cfg['ft_steps']} steps × "

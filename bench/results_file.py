@@ -108,6 +108,28 @@ def machine_line(device: str = "cpu") -> str:
             f"transformers {transformers.__version__}; load average (1/5/15 min) {load_average()} when written.")
 
 
+def corpus_line(dataset: str | pathlib.Path, *texts: str | pathlib.Path) -> str:
+    """The packages (and versions) the corpus at `dataset` was built from, as bench/build_corpus.sh recorded them in
+    SOURCES beside the text (in `dataset` or up to three folders above it, where the held-out splits live), and
+    the sha256 of each of `texts` (a held-out file): Debian replaces package versions in place, so the same build
+    command can give other text later."""
+    import hashlib
+
+    here = pathlib.Path(dataset).resolve()
+    sources = next((d / "SOURCES" for d in (here, *here.parents[:3]) if (d / "SOURCES").is_file()), None)
+    if sources is None:
+        line = (f"Corpus: no SOURCES in or above `{dataset}` (built before bench/build_corpus.sh recorded "
+                "its packages).")
+    else:
+        rows = [row.split() for row in sources.read_text().splitlines()]
+        # "PACKAGE VERSION" rows; the "SHA256  FILE" rows name the text, which the packages already pin
+        packages = [" ".join(r) for r in rows if len(r) == 2 and not re.fullmatch(r"[0-9a-f]{64}", r[0])]
+        line = f"Corpus built from {', '.join(packages)} (`{os.path.relpath(sources)}`)."
+    hashes = [f"`{os.path.relpath(f)}` sha256 {hashlib.sha256(pathlib.Path(f).read_bytes()).hexdigest()[:16]}"
+              for f in texts if f and pathlib.Path(f).is_file()]
+    return line + (f" Evaluation text: {', '.join(hashes)}." if hashes else "")
+
+
 def changed_settings(cfg: dict, defaults: dict, size: str) -> str:
     """One sentence naming every setting that differs from the size preset (empty when none does)."""
     changed = [f"{k} {cfg[k]} (default {v})" for k, v in defaults.items() if k in cfg and cfg[k] != v]

