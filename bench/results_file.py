@@ -118,8 +118,8 @@ def corpus_line(dataset: str | pathlib.Path, *texts: str | pathlib.Path) -> str:
     here = pathlib.Path(dataset).resolve()
     sources = next((d / "SOURCES" for d in (here, *here.parents[:3]) if (d / "SOURCES").is_file()), None)
     if sources is None:
-        line = (f"Corpus: no SOURCES in or above `{dataset}` (built before bench/build_corpus.sh recorded "
-                "its packages).")
+        line = (f"Corpus `{dataset}`: no SOURCES in or above it (not built by bench/build_corpus.sh, or built "
+                "before it recorded its packages).")
     else:
         rows = [row.split() for row in sources.read_text().splitlines()]
         # "PACKAGE VERSION" rows; the "SHA256  FILE" rows name the text, which the packages already pin
