@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/long_context_memory.py
 	test -d bench/corpus || bench/build_corpus.sh bench/corpus $(PY)
 	$(VENV)/bin/python bench/convergence.py
+	$(VENV)/bin/python bench/residual_nu_depth.py
 	$(VENV)/bin/python bench/length_generalisation.py
 	$(VENV)/bin/python bench/needle.py
 	$(VENV)/bin/python bench/semantic_focus.py

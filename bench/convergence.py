@@ -53,16 +53,18 @@ ABLATIONS = {"alpha0.01": ("α init 0.01", ["model_kwargs.alpha_init=0.01"]),
 
 
 def run_name(spec: dict) -> str:
+    shape = f"-L{spec['layers']}-a{spec['alpha']:g}" if "layers" in spec else ""  # a depth run (residual_nu_depth.py)
     tail = f"-{spec['ablation']}" if spec.get("ablation") else ""
-    return f"{spec['arch']}-lr{spec['lr']:g}-s{spec['seed']}{tail}"
+    return f"{spec['arch']}{shape}-lr{spec['lr']:g}-s{spec['seed']}{tail}"
 
 
 def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
-    """The architecture's recipe (SPEC §1) for one run: the shape, data and length of `cfg`, one ablation at most."""
+    """The architecture's recipe (SPEC §1) for one run: the shape, data and length of `cfg`, one ablation at most;
+    a spec may set its own depth and α init ("layers", "alpha")."""
     from modeling_angpt.training import load_recipe
 
     d = cfg["hidden"]
-    shape = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": cfg["layers"],
+    shape = {"hidden_size": d, "intermediate_size": 4 * d, "num_hidden_layers": spec.get("layers", cfg["layers"]),
              "num_attention_heads": cfg["heads"], "max_position_embeddings": cfg["block"]}
     overrides = [f"architecture={spec['arch']}", f"learning_rate={spec['lr']}", f"seed={spec['seed']}",
                  f"max_steps={cfg['steps']}", f"eval_steps={cfg['eval_steps']}", f"dataset={cfg['dataset']}",
@@ -71,6 +73,7 @@ def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
                  f"eval_max_batches={cfg['eval_batches']}", f"output_dir={out}", "save_steps=0",
                  "save_total_limit=1", "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=10",
                  *[f"model_kwargs.{k}={v}" for k, v in shape.items()],
+                 *([f"model_kwargs.alpha_init={spec['alpha']}"] if "alpha" in spec else []),
                  *[o.format(sqrt_d=d ** 0.5) for o in ABLATIONS.get(spec.get("ablation"), ("", []))[1]]]
     return load_recipe(cfg["recipe"], overrides)
 
@@ -103,12 +106,14 @@ def run_one(spec: dict, cfg: dict) -> dict:
         val = [[r["step"], r["val_loss"]] for r in read_metrics(out / "metrics.jsonl") if "val_loss" in r]
         diverged, precision = True, None
     info = json.loads((out / "final" / "training_metadata.json").read_text())["data"] if not diverged else {}
+    # a caller's measurement of the trained model (residual_nu_depth.py: the stream's norm after each layer)
+    probed = cfg["probe"](result.model, recipe, info) if cfg.get("probe") and not diverged else {}
     curve = [(step * tokens_per_step, loss) for step, loss in val]
     final = curve[-1][1] if curve and not diverged else math.inf
     record = {**spec, "curve": curve, "final": final, "diverged": diverged, "precision": precision,
               "wall_s": time.perf_counter() - start,
               "tokens": cfg["steps"] * tokens_per_step, "train_tokens_available": info.get("train_tokens"),
-              "val_tokens_per_eval": cfg["eval_batches"] * 2 * cfg["batch"] * cfg["block"]}
+              "val_tokens_per_eval": cfg["eval_batches"] * 2 * cfg["batch"] * cfg["block"], **probed}
     for heavy in ("checkpoints", "final", ".tmp_final"):  # only the curve is needed; keep the disk free
         shutil.rmtree(out / heavy, ignore_errors=True)
     (out / "result.json").write_text(json.dumps(record))
@@ -155,13 +160,14 @@ def load_results(output_dir: pathlib.Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted(output_dir.glob("*/result.json"))]
 
 
-def execute(cfg: dict, report) -> list[dict]:
-    """Run what is needed until nothing is, `jobs` at a time; `report(results)` after every finished run."""
+def execute(cfg: dict, report, plan=needed_runs) -> list[dict]:
+    """Run what `plan(results, cfg)` says is needed until nothing is, `jobs` at a time; `report(results)` after
+    every finished run."""
     output_dir = pathlib.Path(cfg["output_dir"])
     results = load_results(output_dir)
     submitted: set[str] = {run_name(r) for r in results}
     if cfg["jobs"] == 1:
-        while todo := [s for s in needed_runs(results, cfg) if run_name(s) not in submitted]:
+        while todo := [s for s in plan(results, cfg) if run_name(s) not in submitted]:
             submitted.add(run_name(todo[0]))
             results.append(run_one(todo[0], cfg))
             report(results)
@@ -171,7 +177,7 @@ def execute(cfg: dict, report) -> list[dict]:
     with ProcessPoolExecutor(cfg["jobs"], mp_context=multiprocessing.get_context("spawn")) as pool:
         running = {}
         while True:
-            for spec in needed_runs(results, cfg):
+            for spec in plan(results, cfg):
                 if run_name(spec) not in submitted and len(running) < cfg["jobs"]:
                     submitted.add(run_name(spec))
                     running[pool.submit(run_one, spec, cfg)] = spec

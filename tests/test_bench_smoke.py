@@ -30,7 +30,8 @@ def bench(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus, recipe
     torch.set_num_threads(threads)
-    for name in ("convergence", "throughput", "length_generalisation", "needle", "long_context_speed", "results_file"):
+    for name in ("convergence", "residual_nu_depth", "throughput", "length_generalisation", "needle",
+                 "long_context_speed", "results_file"):
         sys.modules.pop(name, None)
 
 
@@ -49,6 +50,36 @@ def test_convergence_smoke(bench, tmp_path):
     assert (tmp_path / "plots" / "convergence.png").is_file()
     # --report-only rewrites the section from the cached runs without training
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
+
+
+def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
+    """ν(α) on and off at each depth, side by side; without ν(α) the stream leaves every LERP shorter by about
+    √((1 − α)² + α²) (SPEC §1.3), which the per-layer norms of the trained models show."""
+    out, results, corpus, recipe = bench
+    import residual_nu_depth
+
+    alpha = 0.2  # large (α·L at the 0.4 limit), so that the shrinkage stands clear of what 4 steps change
+    args = ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
+            "--steps", "4", "--eval-steps", "2", "--eval-batches", "1", "--pairs", f"2:{alpha}", "--jobs", "1",
+            "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs"), *out]
+    residual_nu_depth.main(args)
+    text = results.read_text()
+    assert "<!-- residual_nu_depth:start -->" in text and "| 2 | 0.2 | 0.40 | on |" in text
+    assert "| 2 | 0.2 | 0.40 | off |" in text and "not run yet" not in text
+    runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")}
+    on, off = runs["angpt-L2-a0.2-lr0.008-s0"]["stream_norms"], runs["angpt-L2-a0.2-lr0.008-s0-no_nu"]["stream_norms"]
+    assert len(on) == len(off) == 3  # the embedding, then each layer's output
+    per_update = ((1 - alpha) ** 2 + alpha ** 2) ** 0.5  # two residual updates per layer
+    for layer in (1, 2):
+        assert off[layer] / off[layer - 1] == pytest.approx(per_update ** 2, rel=0.1)
+        assert on[layer] / on[layer - 1] == pytest.approx(1.0, rel=0.1)
+    assert (tmp_path / "plots" / "residual_nu_depth.png").is_file()
+    # a rerun finds both runs finished and trains nothing
+    import convergence
+
+    monkeypatch.setattr(convergence, "run_one", lambda spec, cfg: pytest.fail(f"retrained {spec}"))
+    residual_nu_depth.main(args)
+    assert "| 2 | 0.2 | 0.40 | off |" in results.read_text()
 
 
 @pytest.mark.parametrize("bf16_ratio, precision", [(None, "bf16 autocast"), (0.01, "float32 (`--precision auto`")])

@@ -1,0 +1,198 @@
+#!/usr/bin/env python
+"""Does anGPT need ν(α) on its LERP residuals at depth? (the anGPT paper: without it, training is unstable)
+
+The convergence benchmark's ablation found no instability without ν(α) at 4 layers. Without the factor, each of the
+2L residual updates (1 − α)h + αx of unit, independent h and x has norm √((1 − α)² + α²) instead of 1 (SPEC §1.3,
+docs/architectures.md), so the stream shrinks by about that factor per update, and the effect grows with depth
+at a fixed α init. This script trains anGPT at the convergence benchmark's default shape, data and recipe (SPEC §1:
+Adam, no warm-up, cosine to 0.01 × peak, clip 1.0, the project's width rule and s_z speed) at each LAYERS:ALPHA
+pair, with and without ν(α), side by side, and reports the final validation loss, whether it diverged, the largest
+rise of the training loss above its running minimum, the largest gradient norm, and the residual stream's norm
+after each layer of the trained model on held-out text.
+
+    python bench/residual_nu_depth.py                    # 12 and 24 layers at α init 0.05 (~1 h 15 on 2 CPU cores)
+    python bench/residual_nu_depth.py --pairs 24:0.0167  # the α·L = 0.4 rule of docs/architectures.md
+
+Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import pathlib
+
+import convergence
+import results_file as rf
+
+
+def stream_norms(model, recipe, info: dict) -> dict:
+    """The mean ‖h‖ over held-out tokens entering the first layer and leaving each layer (1 is the premise of
+    every ν factor), measured on the first 2 × batch validation blocks."""
+    import numpy as np
+    import torch
+
+    from modeling_angpt.training.data import split_blocks
+
+    _, val = split_blocks(np.load(info["blocks_cache"]), recipe.validation_fraction, recipe.data_seed)
+    ids = torch.as_tensor(val[: 2 * recipe.per_device_train_batch_size].astype("int64"))
+    norms: list[float] = []
+    mean_norm = lambda h: norms.append(float(h.detach().float().norm(dim=-1).mean()))  # noqa: E731
+    layers = model.model.layers
+    hooks = [layers[0].register_forward_pre_hook(
+        lambda module, args, kwargs: mean_norm(args[0] if args else kwargs["hidden_states"]), with_kwargs=True)]
+    hooks += [layer.register_forward_hook(lambda module, args, output: mean_norm(output)) for layer in layers]
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=ids.to(model.device))
+    for hook in hooks:
+        hook.remove()
+    return {"stream_norms": norms}
+
+
+def planned(pairs: list[tuple[int, float]], lr: float, seed: int) -> list[dict]:
+    """Per pair, ν(α) on then off: deepest first, where the paper's claim has the most room to show."""
+    return [{"arch": "angpt", "layers": layers, "alpha": alpha, "lr": lr, "seed": seed,
+             **({"ablation": "no_nu"} if off else {})}
+            for layers, alpha in sorted(pairs, key=lambda p: -p[0]) for off in (False, True)]
+
+
+def training_log(cfg: dict, run: dict) -> dict:
+    """From the run's metrics.jsonl: the largest rise of the training loss above its running minimum, the largest
+    gradient norm (before clipping), and the last step logged."""
+    from modeling_angpt.training.metrics import read_metrics
+
+    rows = [r for r in read_metrics(pathlib.Path(cfg["output_dir"]) / convergence.run_name(run) / "metrics.jsonl")
+            if "loss" in r]
+    rise, low = 0.0, math.inf
+    for r in rows:
+        rise, low = max(rise, r["loss"] - low), min(low, r["loss"])
+    return {"rise": rise, "grad": max((r["grad_norm"] for r in rows), default=math.nan),
+            "last_step": rows[-1]["step"] if rows else 0}
+
+
+def section(results: list[dict], cfg: dict, command: str) -> str:
+    by_name = {convergence.run_name(r): r for r in results}
+    tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
+    lines = ["## Residual ν(α) at depth: anGPT with and without it (the anGPT paper: without it, training is "
+             "unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
+             f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
+             f"{cfg['block']}; the anGPT recipe at peak lr {cfg['lr']:g} (anGPT's best rate in the convergence "
+             f"benchmark's 4-layer sweep), {cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training "
+             f"tokens per run, seed {cfg['seed']}, {convergence.precision_text(results)}; {cfg['jobs']} runs in "
+             f"parallel, {cfg['threads']} thread(s) each. rise = largest increase of the training loss (logged every "
+             "10 steps) above its running minimum; grad = largest gradient norm before clipping; ‖h‖ = mean norm of "
+             "the residual stream on held-out text after training (1 at initialisation), leaving the last layer and "
+             "its smallest value over the layers.", "",
+             "| layers | α init | α·L | ν(α) | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | min ‖h‖ |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for spec in planned(cfg["pairs"], cfg["lr"], cfg["seed"]):
+        r = by_name.get(convergence.run_name(spec))
+        head = f"| {spec['layers']} | {spec['alpha']:g} | {spec['layers'] * spec['alpha']:.2f} | " \
+               f"{'off' if spec.get('ablation') else 'on'} |"
+        if r is None:
+            lines.append(head + " not run yet | | | | | |")
+            continue
+        log = training_log(cfg, r)
+        on = by_name.get(convergence.run_name({k: v for k, v in spec.items() if k != "ablation"}))
+        delta = (f"{r['final'] - on['final']:+.3f}" if spec.get("ablation") and on and not (r["diverged"] or
+                 on["diverged"]) else "")
+        final = f"diverged (step {log['last_step']})" if r["diverged"] else f"{r['final']:.3f}"
+        norms = r.get("stream_norms") or []
+        lines.append(head + f" {final} | {delta} | {log['rise']:.2f} | {log['grad']:.2f} | "
+                     + (f"{norms[-1]:.2f} | {min(norms):.2f} |" if norms else "— | — |"))
+    lines += ["", f"![validation loss and the stream's norm per layer, ν(α) on and off]({cfg['plot_link']})"]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (curves, norms) = plt.subplots(1, 2, figsize=(12, 4.2))
+    colours = {}
+    for r in sorted(results, key=lambda r: (-r["layers"], r["alpha"], bool(r.get("ablation")))):
+        key = (r["layers"], r["alpha"])
+        label = f"{r['layers']} layers, α {r['alpha']:g}, ν(α) {'off' if r.get('ablation') else 'on'}"
+        style = dict(linestyle="--" if r.get("ablation") else "-", color=colours.get(key))
+        if r["curve"]:
+            line, = curves.plot(*zip(*r["curve"]), label=label + (" (diverged)" if r["diverged"] else ""), **style)
+            colours.setdefault(key, line.get_color())
+            style["color"] = colours[key]
+        if r.get("stream_norms"):
+            norms.plot(range(len(r["stream_norms"])), r["stream_norms"], marker=".", label=label, **style)
+    finals = [r["final"] for r in results if not r["diverged"]]
+    if finals:
+        curves.set_ylim(min(finals) - 0.1, max(finals) + 1.0)
+    curves.set(xlabel="training tokens", ylabel="validation loss", title="validation loss")
+    norms.set(xlabel="layer (0 = embedding)", ylabel="mean ‖h‖ on held-out text", yscale="log",
+              title="residual stream norm after training")
+    for axis in (curves, norms):
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize=7)
+        axis.grid(alpha=0.3)
+    rf.save_figure(figure, path)
+
+
+def pair(text: str) -> tuple[int, float]:
+    try:
+        layers, alpha = text.split(":")
+        return int(layers), float(alpha)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LAYERS:ALPHA such as 24:0.05, got {text!r}") from None
+
+
+def parse_config(argv) -> dict:
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
+    parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (24, 0.05)], metavar="LAYERS:ALPHA",
+                        help="depth and α init of each pair of runs (default: 12:0.05 24:0.05)")
+    parser.add_argument("--lr", type=float, default=8e-3, help="peak learning rate (anGPT's best at 4 layers)")
+    parser.add_argument("--seed", type=int, default=0)
+    for name in ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the convergence default")
+    parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
+    parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
+    parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
+    parser.add_argument("--output-dir", default="runs/residual_nu_depth")
+    rf.add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    cfg = dict(convergence.SIZES["default"])
+    cfg.update({k: v for k, v in vars(args).items() if v is not None})
+    cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    return cfg
+
+
+def main(argv=None):
+    cfg = parse_config(argv)
+    output_dir = pathlib.Path(cfg["output_dir"])
+    output_dir.mkdir(parents=True, exist_ok=True)
+    command = rf.command_line("residual_nu_depth.py", argv)
+    png = pathlib.Path(cfg["plots_dir"]) / "residual_nu_depth.png"
+    cfg["plot_link"] = rf.plot_link(cfg["results"], png)
+    cfg["probe"] = stream_norms
+
+    import torch
+
+    torch.set_num_threads(cfg["threads"])  # the machine line names the runs' thread count
+
+    def plan(results: list[dict], cfg: dict) -> list[dict]:
+        finished = {convergence.run_name(r) for r in results}
+        return [s for s in planned(cfg["pairs"], cfg["lr"], cfg["seed"]) if convergence.run_name(s) not in finished]
+
+    def report(results: list[dict]) -> str:
+        cfg["machine"] = rf.machine_line()
+        text = section(results, cfg, command)
+        if not cfg["no_write"]:
+            plot(results, cfg, png)
+            rf.update_section("residual_nu_depth", text, cfg["results"])
+        return text
+
+    convergence.prepare_data(cfg)
+    print(report(convergence.execute(cfg, report, plan)))
+
+
+if __name__ == "__main__":
+    main()
