@@ -96,21 +96,23 @@ def run_one(spec: dict, cfg: dict) -> dict:
     recipe = recipe_for(spec, cfg, out)
     tokens_per_step = recipe.per_device_train_batch_size * recipe.block_size * recipe.gradient_accumulation_steps
     start = time.perf_counter()
+    diverged_at = None
     try:
         result = train(recipe)
         val, diverged = result.val_losses, False
         precision = ("bf16 autocast" if result.accelerator.mixed_precision == "bf16" else
                      "float32 (the recipe's bf16 replaced: this CPU has no native bfloat16)" if recipe.bf16 else
                      "float32")
-    except NonFiniteLossError:
+    except NonFiniteLossError as error:
         val = [[r["step"], r["val_loss"]] for r in read_metrics(out / "metrics.jsonl") if "val_loss" in r]
-        diverged, precision = True, None
+        diverged, precision, diverged_at = True, None, error.step
     info = json.loads((out / "final" / "training_metadata.json").read_text())["data"] if not diverged else {}
     # a caller's measurement of the trained model (residual_nu_depth.py: the stream's norm after each layer)
     probed = cfg["probe"](result.model, recipe, info) if cfg.get("probe") and not diverged else {}
     curve = [(step * tokens_per_step, loss) for step, loss in val]
     final = curve[-1][1] if curve and not diverged else math.inf
-    record = {**spec, "curve": curve, "final": final, "diverged": diverged, "precision": precision,
+    record = {**spec, "curve": curve, "final": final, "diverged": diverged, "diverged_at": diverged_at,
+              "precision": precision,
               "wall_s": time.perf_counter() - start,
               "tokens": cfg["steps"] * tokens_per_step, "train_tokens_available": info.get("train_tokens"),
               "val_tokens_per_eval": cfg["eval_batches"] * 2 * cfg["batch"] * cfg["block"], **probed}

@@ -58,8 +58,8 @@ def planned(pairs: list[tuple[int, float]], lr: float, seed: int) -> list[dict]:
 
 
 def training_log(cfg: dict, run: dict) -> dict:
-    """From the run's metrics.jsonl: the largest rise of the training loss above its running minimum, the largest
-    gradient norm (before clipping), and the last step logged."""
+    """From the run's metrics.jsonl, as table cells: the largest rise of the training loss above its running
+    minimum and the largest gradient norm (before clipping); "—" where the run stopped before its first log."""
     from modeling_angpt.training.metrics import read_metrics
 
     rows = [r for r in read_metrics(pathlib.Path(cfg["output_dir"]) / convergence.run_name(run) / "metrics.jsonl")
@@ -67,8 +67,9 @@ def training_log(cfg: dict, run: dict) -> dict:
     rise, low = 0.0, math.inf
     for r in rows:
         rise, low = max(rise, r["loss"] - low), min(low, r["loss"])
-    return {"rise": rise, "grad": max((r["grad_norm"] for r in rows), default=math.nan),
-            "last_step": rows[-1]["step"] if rows else 0}
+    if not rows:
+        return {"rise": "—", "grad": "—"}
+    return {"rise": f"{rise:.2f}", "grad": f"{max(r['grad_norm'] for r in rows):.2f}"}
 
 
 def section(results: list[dict], cfg: dict, command: str) -> str:
@@ -97,9 +98,9 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
         on = by_name.get(convergence.run_name({k: v for k, v in spec.items() if k != "ablation"}))
         delta = (f"{r['final'] - on['final']:+.3f}" if spec.get("ablation") and on and not (r["diverged"] or
                  on["diverged"]) else "")
-        final = f"diverged (step {log['last_step']})" if r["diverged"] else f"{r['final']:.3f}"
+        final = f"diverged at step {r.get('diverged_at')}" if r["diverged"] else f"{r['final']:.3f}"
         norms = r.get("stream_norms") or []
-        lines.append(head + f" {final} | {delta} | {log['rise']:.2f} | {log['grad']:.2f} | "
+        lines.append(head + f" {final} | {delta} | {log['rise']} | {log['grad']} | "
                      + (f"{norms[-1]:.2f} | {min(norms):.2f} |" if norms else "— | — |"))
     lines += ["", f"![validation loss and the stream's norm per layer, ν(α) on and off]({cfg['plot_link']})"]
     return "\n".join(lines)

@@ -74,6 +74,9 @@ def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
         assert off[layer] / off[layer - 1] == pytest.approx(per_update ** 2, rel=0.1)
         assert on[layer] / on[layer - 1] == pytest.approx(1.0, rel=0.1)
     assert (tmp_path / "plots" / "residual_nu_depth.png").is_file()
+    # a run that overflows is reported with the step it stopped at, not as a loss
+    residual_nu_depth.main(args + ["--lr", "1e30", "--output-dir", str(tmp_path / "runs-overflow")])
+    assert "| diverged at step " in results.read_text()
     # a rerun finds both runs finished and trains nothing
     import convergence
 

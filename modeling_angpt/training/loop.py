@@ -35,7 +35,12 @@ from .recipe import Recipe
 
 
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN/inf; the run stopped and the last good checkpoint is untouched."""
+    """The loss became NaN/inf; the run stopped and the last good checkpoint is untouched. `step` is the
+    optimiser step whose loss or gradient norm was not finite (benchmarks report where a run diverged)."""
+
+    def __init__(self, message: str, step: int | None = None):
+        super().__init__(message)
+        self.step = step
 
 
 @dataclass
@@ -132,7 +137,7 @@ def _check_finite(what: str, value: float, step: int, output_dir: Path) -> None:
         last = ckpt.latest_checkpoint(output_dir)
         raise NonFiniteLossError(
             f"non-finite {what} ({value}) at step {step}; stopped without saving. Last good checkpoint: "
-            f"{last if last else 'none (no checkpoint was saved yet)'}")
+            f"{last if last else 'none (no checkpoint was saved yet)'}", step)
 
 
 def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.Tensor:
