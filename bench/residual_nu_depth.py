@@ -21,6 +21,7 @@ import argparse
 import math
 import os
 import pathlib
+import statistics
 
 import convergence
 import results_file as rf
@@ -50,16 +51,16 @@ def stream_norms(model, recipe, info: dict) -> dict:
     return {"stream_norms": norms}
 
 
-def planned(pairs: list[tuple[int, float]], lr: float, seed: int) -> list[dict]:
-    """Per pair, ν(α) on then off: deepest first, where the paper's claim has the most room to show."""
+def planned(pairs: list[tuple[int, float]], lr: float, seeds: int) -> list[dict]:
+    """Per pair, ν(α) on then off, seed by seed: deepest first, where the paper's claim has the most room to show."""
     return [{"arch": "angpt", "layers": layers, "alpha": alpha, "lr": lr, "seed": seed,
              **({"ablation": "no_nu"} if off else {})}
-            for layers, alpha in sorted(pairs, key=lambda p: -p[0]) for off in (False, True)]
+            for layers, alpha in sorted(pairs, key=lambda p: -p[0]) for seed in range(seeds) for off in (False, True)]
 
 
 def training_log(cfg: dict, run: dict) -> dict:
-    """From the run's metrics.jsonl, as table cells: the largest rise of the training loss above its running
-    minimum and the largest gradient norm (before clipping); "—" where the run stopped before its first log."""
+    """From the run's metrics.jsonl: the largest rise of the training loss above its running minimum and the
+    largest gradient norm (before clipping); None for each where the run stopped before its first log."""
     from modeling_angpt.training.metrics import read_metrics
 
     rows = [r for r in read_metrics(pathlib.Path(cfg["output_dir"]) / convergence.run_name(run) / "metrics.jsonl")
@@ -67,41 +68,53 @@ def training_log(cfg: dict, run: dict) -> dict:
     rise, low = 0.0, math.inf
     for r in rows:
         rise, low = max(rise, r["loss"] - low), min(low, r["loss"])
-    if not rows:
-        return {"rise": "—", "grad": "—"}
-    return {"rise": f"{rise:.2f}", "grad": f"{max(r['grad_norm'] for r in rows):.2f}"}
+    return {"rise": rise if rows else None, "grad": max((r["grad_norm"] for r in rows), default=None)}
+
+
+def row(runs: list[dict], on_finals: list[float], cfg: dict) -> str:
+    """The cells after ν(α) for the seeds of one (layers, α, ν) setting; medians over the seeds that finished."""
+    finished = [r for r in runs if not r["diverged"]]
+    finals = [r["final"] for r in finished]
+    logs = [training_log(cfg, r) for r in runs]
+    largest = lambda key: max((x[key] for x in logs if x[key] is not None), default=None)  # noqa: E731
+    norms = [r["stream_norms"] for r in finished if r.get("stream_norms")]
+    diverged = [r for r in runs if r["diverged"]]
+    cells = [f"{len(diverged)}/{len(runs)}" + (f" (step {', '.join(str(r.get('diverged_at')) for r in diverged)})"
+                                               if diverged else ""),
+             convergence.spread(finals, ".3f").replace(" (1 seed)", "") if finals else "—",
+             f"{statistics.median(finals) - statistics.median(on_finals):+.3f}" if finals and on_finals else "",
+             *(f"{largest(key):.2f}" if largest(key) is not None else "—" for key in ("rise", "grad")),
+             *(f"{statistics.median(values):.2f}" if norms else "—"
+               for values in ([n[-1] for n in norms], [min(n) for n in norms]))]
+    return " | ".join(cells) + " |"
 
 
 def section(results: list[dict], cfg: dict, command: str) -> str:
     by_name = {convergence.run_name(r): r for r in results}
     tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
-    lines = ["## Residual ν(α) at depth: anGPT with and without it (the anGPT paper: without it, training is "
-             "unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
+    seeds = "seed 0" if cfg["seeds"] == 1 else f"seeds 0–{cfg['seeds'] - 1}"
+    lines = [f"## Residual ν(α) at depth{cfg['title']}: anGPT with and without it (the anGPT paper: without it, "
+             "training is unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
              f"{cfg['block']}; the anGPT recipe at peak lr {cfg['lr']:g} (anGPT's best rate in the convergence "
              f"benchmark's 4-layer sweep), {cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training "
-             f"tokens per run, seed {cfg['seed']}, {convergence.precision_text(results)}; {cfg['jobs']} runs in "
-             f"parallel, {cfg['threads']} thread(s) each. rise = largest increase of the training loss (logged every "
-             "10 steps) above its running minimum; grad = largest gradient norm before clipping; ‖h‖ = mean norm of "
-             "the residual stream on held-out text after training (1 at initialisation), leaving the last layer and "
-             "its smallest value over the layers.", "",
-             "| layers | α init | α·L | ν(α) | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | min ‖h‖ |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for spec in planned(cfg["pairs"], cfg["lr"], cfg["seed"]):
-        r = by_name.get(convergence.run_name(spec))
-        head = f"| {spec['layers']} | {spec['alpha']:g} | {spec['layers'] * spec['alpha']:.2f} | " \
-               f"{'off' if spec.get('ablation') else 'on'} |"
-        if r is None:
-            lines.append(head + " not run yet | | | | | |")
-            continue
-        log = training_log(cfg, r)
-        on = by_name.get(convergence.run_name({k: v for k, v in spec.items() if k != "ablation"}))
-        delta = (f"{r['final'] - on['final']:+.3f}" if spec.get("ablation") and on and not (r["diverged"] or
-                 on["diverged"]) else "")
-        final = f"diverged at step {r.get('diverged_at')}" if r["diverged"] else f"{r['final']:.3f}"
-        norms = r.get("stream_norms") or []
-        lines.append(head + f" {final} | {delta} | {log['rise']} | {log['grad']} | "
-                     + (f"{norms[-1]:.2f} | {min(norms):.2f} |" if norms else "— | — |"))
+             f"tokens per run, {seeds}, {convergence.precision_text(results)}; {cfg['jobs']} runs in "
+             f"parallel, {cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite "
+             "(and the step); the losses and norms are medians over the seeds that finished (range when several); "
+             "rise = largest increase of the training loss (logged every 10 steps) above its running minimum and "
+             "grad = largest gradient norm before clipping, both over every seed; ‖h‖ = mean norm of the residual "
+             "stream on held-out text after training (1 at initialisation), leaving the last layer and its "
+             "smallest value over the layers.", "",
+             "| layers | α init | α·L | ν(α) | diverged | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | "
+             "min ‖h‖ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    settings: dict[tuple, list] = {}
+    for spec in planned(cfg["pairs"], cfg["lr"], cfg["seeds"]):
+        key = (spec["layers"], spec["alpha"], bool(spec.get("ablation")))
+        settings.setdefault(key, []).extend([by_name[n]] if (n := convergence.run_name(spec)) in by_name else [])
+    for (layers, alpha, off), runs in settings.items():
+        head = f"| {layers} | {alpha:g} | {layers * alpha:.2f} | {'off' if off else 'on'} | "
+        on_finals = [r["final"] for r in settings[layers, alpha, False] if not r["diverged"]] if off else []
+        lines.append(head + (row(runs, on_finals, cfg) if runs else "not run yet | | | | | | |"))
     lines += ["", f"![validation loss and the stream's norm per layer, ν(α) on and off]({cfg['plot_link']})"]
     return "\n".join(lines)
 
@@ -114,12 +127,14 @@ def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
 
     figure, (curves, norms) = plt.subplots(1, 2, figsize=(12, 4.2))
     colours = {}
-    for r in sorted(results, key=lambda r: (-r["layers"], r["alpha"], bool(r.get("ablation")))):
+    for r in sorted(results, key=lambda r: (-r["layers"], r["alpha"], bool(r.get("ablation")), r["seed"])):
         key = (r["layers"], r["alpha"])
-        label = f"{r['layers']} layers, α {r['alpha']:g}, ν(α) {'off' if r.get('ablation') else 'on'}"
+        label = (f"{r['layers']} layers, α {r['alpha']:g}, ν(α) {'off' if r.get('ablation') else 'on'}"
+                 if r["seed"] == 0 else None)  # one legend entry per setting, not per seed
         style = dict(linestyle="--" if r.get("ablation") else "-", color=colours.get(key))
         if r["curve"]:
-            line, = curves.plot(*zip(*r["curve"]), label=label + (" (diverged)" if r["diverged"] else ""), **style)
+            line, = curves.plot(*zip(*r["curve"]), label=label and label + (" (diverged)" if r["diverged"] else ""),
+                                **style)
             colours.setdefault(key, line.get_color())
             style["color"] = colours[key]
         if r.get("stream_norms"):
@@ -150,7 +165,9 @@ def parse_config(argv) -> dict:
     parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (24, 0.05)], metavar="LAYERS:ALPHA",
                         help="depth and α init of each pair of runs (default: 12:0.05 24:0.05)")
     parser.add_argument("--lr", type=float, default=8e-3, help="peak learning rate (anGPT's best at 4 layers)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of every run")
+    parser.add_argument("--section", default="residual_nu_depth", help="the RESULTS.md section to write")
+    parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
     for name in ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the convergence default")
     parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
@@ -166,12 +183,33 @@ def parse_config(argv) -> dict:
     return cfg
 
 
+# What a finished run's result depends on beyond its name (depth, α, ν, lr, seed): one output folder, one setting.
+SETTINGS = ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches", "recipe", "dataset")
+
+
+def claim_output_dir(cfg: dict) -> None:
+    """Record this command's settings in OUTPUT_DIR/settings.json, or stop with one line if the folder holds runs
+    made with other settings: resuming from them would report another experiment's runs as this one's."""
+    import json
+
+    output_dir = pathlib.Path(cfg["output_dir"])
+    mine = {k: cfg[k] for k in SETTINGS}
+    saved = output_dir / "settings.json"
+    if saved.is_file():
+        theirs = json.loads(saved.read_text())
+        differ = [f"{k} {theirs.get(k)!r}, not {mine[k]!r}" for k in SETTINGS if theirs.get(k) != mine[k]]
+        if differ:
+            raise SystemExit(f"residual_nu_depth.py: --output-dir {output_dir} holds runs made with other settings "
+                             f"({'; '.join(differ)}); pick another --output-dir")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(mine))
+
+
 def main(argv=None):
     cfg = parse_config(argv)
-    output_dir = pathlib.Path(cfg["output_dir"])
-    output_dir.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(cfg)
     command = rf.command_line("residual_nu_depth.py", argv)
-    png = pathlib.Path(cfg["plots_dir"]) / "residual_nu_depth.png"
+    png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)
     cfg["probe"] = stream_norms
 
@@ -181,18 +219,21 @@ def main(argv=None):
 
     def plan(results: list[dict], cfg: dict) -> list[dict]:
         finished = {convergence.run_name(r) for r in results}
-        return [s for s in planned(cfg["pairs"], cfg["lr"], cfg["seed"]) if convergence.run_name(s) not in finished]
+        return [s for s in planned(cfg["pairs"], cfg["lr"], cfg["seeds"]) if convergence.run_name(s) not in finished]
 
     def report(results: list[dict]) -> str:
         cfg["machine"] = rf.machine_line()
         text = section(results, cfg, command)
         if not cfg["no_write"]:
             plot(results, cfg, png)
-            rf.update_section("residual_nu_depth", text, cfg["results"])
+            rf.update_section(cfg["section"], text, cfg["results"])
         return text
 
     convergence.prepare_data(cfg)
-    print(report(convergence.execute(cfg, report, plan)))
+    wanted = {convergence.run_name(s) for s in planned(cfg["pairs"], cfg["lr"], cfg["seeds"])}
+    results = convergence.execute(cfg, lambda results: report([r for r in results if convergence.run_name(r) in wanted]),
+                                  plan)
+    print(report([r for r in results if convergence.run_name(r) in wanted]))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,10 @@ def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
     assert (tmp_path / "plots" / "residual_nu_depth.png").is_file()
     # a run that overflows is reported with the step it stopped at, not as a loss
     residual_nu_depth.main(args + ["--lr", "1e30", "--output-dir", str(tmp_path / "runs-overflow")])
-    assert "| diverged at step " in results.read_text()
+    assert "| on | 1/1 (step " in results.read_text() or "| off | 1/1 (step " in results.read_text()
+    # a folder holding runs of other settings is refused in one line, not resumed from
+    with pytest.raises(SystemExit, match=r"--output-dir .*runs holds runs made with other settings \(steps 4, not 5\)"):
+        residual_nu_depth.main(args + ["--steps", "5"])
     # a rerun finds both runs finished and trains nothing
     import convergence
 
