@@ -112,8 +112,7 @@ def run_one(spec: dict, cfg: dict) -> dict:
     curve = [(step * tokens_per_step, loss) for step, loss in val]
     final = curve[-1][1] if curve and not diverged else math.inf
     record = {**spec, "curve": curve, "final": final, "diverged": diverged, "diverged_at": diverged_at,
-              "precision": precision,
-              "wall_s": time.perf_counter() - start,
+              "precision": precision, "wall_s": time.perf_counter() - start,
               "tokens": cfg["steps"] * tokens_per_step, "train_tokens_available": info.get("train_tokens"),
               "val_tokens_per_eval": cfg["eval_batches"] * 2 * cfg["batch"] * cfg["block"], **probed}
     for heavy in ("checkpoints", "final", ".tmp_final"):  # only the curve is needed; keep the disk free
