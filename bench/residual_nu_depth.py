@@ -10,8 +10,10 @@ pair, with and without ν(α), side by side, and reports the final validation lo
 rise of the training loss above its running minimum, the largest gradient norm, and the residual stream's norm
 after each layer of the trained model on held-out text.
 
-    python bench/residual_nu_depth.py                    # 12 and 24 layers at α init 0.05 (~1 h 15 on 2 CPU cores)
-    python bench/residual_nu_depth.py --pairs 24:0.0167  # the α·L = 0.4 rule of docs/architectures.md
+    python bench/residual_nu_depth.py                    # 12 and 24 layers (~1 h on 2 CPU cores)
+    python bench/residual_nu_depth.py --pairs 12:0.05 12:0.0333 24:0.0167 24:0.01 --seeds 3 --steps 40 \
+        --eval-steps 20 --output-dir runs/residual_nu_depth_start --section residual_nu_depth_start \
+        --title ", first 40 steps"                      # the start of training, three seeds
 
 Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes.
 """
@@ -162,8 +164,9 @@ def pair(text: str) -> tuple[int, float]:
 
 def parse_config(argv) -> dict:
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (24, 0.05)], metavar="LAYERS:ALPHA",
-                        help="depth and α init of each pair of runs (default: 12:0.05 24:0.05)")
+    parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (12, 0.0333), (24, 0.05)],
+                        metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs (default: 12:0.05 "
+                        "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
     parser.add_argument("--lr", type=float, default=8e-3, help="peak learning rate (anGPT's best at 4 layers)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of every run")
     parser.add_argument("--section", default="residual_nu_depth", help="the RESULTS.md section to write")
