@@ -60,32 +60,37 @@ def planned(pairs: list[tuple[int, float]], lr: float, seeds: int) -> list[dict]
             for layers, alpha in sorted(pairs, key=lambda p: -p[0]) for seed in range(seeds) for off in (False, True)]
 
 
-def training_log(cfg: dict, run: dict) -> dict:
-    """From the run's metrics.jsonl: the largest rise of the training loss above its running minimum and the
-    largest gradient norm (before clipping); None for each where the run stopped before its first log."""
+def largest_gradient(cfg: dict, run: dict) -> float | None:
+    """The largest gradient norm (before clipping) in the run's metrics.jsonl; None if it stopped before its first
+    log."""
     from modeling_angpt.training.metrics import read_metrics
 
-    rows = [r for r in read_metrics(pathlib.Path(cfg["output_dir"]) / convergence.run_name(run) / "metrics.jsonl")
-            if "loss" in r]
+    rows = read_metrics(pathlib.Path(cfg["output_dir"]) / convergence.run_name(run) / "metrics.jsonl")
+    return max((r["grad_norm"] for r in rows if "grad_norm" in r), default=None)
+
+
+def largest_rise(curve: list) -> float | None:
+    """The largest increase of the validation loss above its running minimum: the held-out tokens are the same at
+    every evaluation, so unlike the training loss of a mixed corpus, a rise is the model's, not the batch's."""
     rise, low = 0.0, math.inf
-    for r in rows:
-        rise, low = max(rise, r["loss"] - low), min(low, r["loss"])
-    return {"rise": rise if rows else None, "grad": max((r["grad_norm"] for r in rows), default=None)}
+    for _, loss in curve:
+        rise, low = max(rise, loss - low), min(low, loss)
+    return rise if len(curve) > 1 else None
 
 
 def row(runs: list[dict], on_finals: list[float], cfg: dict) -> str:
     """The cells after ν(α) for the seeds of one (layers, α, ν) setting; medians over the seeds that finished."""
     finished = [r for r in runs if not r["diverged"]]
     finals = [r["final"] for r in finished]
-    logs = [training_log(cfg, r) for r in runs]
-    largest = lambda key: max((x[key] for x in logs if x[key] is not None), default=None)  # noqa: E731
+    largest = lambda values: max((x for x in values if x is not None), default=None)  # noqa: E731
+    rise, grad = largest(largest_rise(r["curve"]) for r in runs), largest(largest_gradient(cfg, r) for r in runs)
     norms = [r["stream_norms"] for r in finished if r.get("stream_norms")]
     diverged = [r for r in runs if r["diverged"]]
     cells = [f"{len(diverged)}/{len(runs)}" + (f" (step {', '.join(str(r.get('diverged_at')) for r in diverged)})"
                                                if diverged else ""),
              convergence.spread(finals, ".3f").replace(" (1 seed)", "") if finals else "—",
              f"{statistics.median(finals) - statistics.median(on_finals):+.3f}" if finals and on_finals else "",
-             *(f"{largest(key):.2f}" if largest(key) is not None else "—" for key in ("rise", "grad")),
+             *(f"{x:.2f}" if x is not None else "—" for x in (rise, grad)),
              *(f"{statistics.median(values):.2f}" if norms else "—"
                for values in ([n[-1] for n in norms], [min(n) for n in norms]))]
     return " | ".join(cells) + " |"
@@ -100,11 +105,12 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
              f"{cfg['block']}; the anGPT recipe at peak lr {cfg['lr']:g} (anGPT's best rate in the convergence "
              f"benchmark's 4-layer sweep), {cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training "
-             f"tokens per run, {seeds}, {convergence.precision_text(results)}; {cfg['jobs']} runs in "
-             f"parallel, {cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite "
+             f"tokens per run, {seeds}, {convergence.precision_text(results)}; "
+             f"{cfg['jobs']} run{'s' if cfg['jobs'] > 1 else ''} in parallel, {cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite "
              "(and the step); the losses and norms are medians over the seeds that finished (range when several); "
-             "rise = largest increase of the training loss (logged every 10 steps) above its running minimum and "
-             "grad = largest gradient norm before clipping, both over every seed; ‖h‖ = mean norm of the residual "
+             f"rise = largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out "
+             "tokens each time) above its running minimum and grad = largest gradient norm before clipping (logged "
+             "every 10 steps), both over every seed; ‖h‖ = mean norm of the residual "
              "stream on held-out text after training (1 at initialisation), leaving the last layer and its "
              "smallest value over the layers.", "",
              "| layers | α init | α·L | ν(α) | diverged | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | "
