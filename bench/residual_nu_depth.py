@@ -28,6 +28,8 @@ import statistics
 import convergence
 import results_file as rf
 
+BEST_4_LAYER_LR = 8e-3  # anGPT's best peak rate in the convergence benchmark's sweep (bench/RESULTS.md)
+
 
 def stream_norms(model, recipe, info: dict) -> dict:
     """The mean ‖h‖ over held-out tokens entering the first layer and leaving each layer (1 is the premise of
@@ -103,11 +105,12 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
     lines = [f"## Residual ν(α) at depth{cfg['title']}: anGPT with and without it (the anGPT paper: without it, "
              "training is unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
-             f"{cfg['block']}; the anGPT recipe at peak lr {cfg['lr']:g} (anGPT's best rate in the convergence "
-             f"benchmark's 4-layer sweep), {cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training "
-             f"tokens per run, {seeds}, {convergence.precision_text(results)}; "
-             f"{cfg['jobs']} run{'s' if cfg['jobs'] > 1 else ''} in parallel, {cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite "
-             "(and the step); the losses and norms are medians over the seeds that finished (range when several); "
+             f"{cfg['block']}; the anGPT recipe at peak lr {cfg['lr']:g} ("
+             + ("" if cfg["lr"] == BEST_4_LAYER_LR else f"{cfg['lr'] / BEST_4_LAYER_LR:g} × ")
+             + f"anGPT's best rate in the convergence benchmark's 4-layer sweep), {cfg['steps']} steps × "
+             f"{cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run, {seeds}, "
+             f"{convergence.precision_text(results)}; {cfg['jobs']} run{'s' if cfg['jobs'] > 1 else ''} in parallel, "
+             f"{cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite (and the step); the losses and norms are medians over the seeds that finished (range when several); "
              f"rise = largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out "
              "tokens each time) above its running minimum and grad = largest gradient norm before clipping (logged "
              "every 10 steps), both over every seed; ‖h‖ = mean norm of the residual "
@@ -173,7 +176,8 @@ def parse_config(argv) -> dict:
     parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (12, 0.0333), (24, 0.05)],
                         metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs (default: 12:0.05 "
                         "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
-    parser.add_argument("--lr", type=float, default=8e-3, help="peak learning rate (anGPT's best at 4 layers)")
+    parser.add_argument("--lr", type=float, default=BEST_4_LAYER_LR,
+                        help="peak learning rate (default: anGPT's best at 4 layers)")
     parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of every run")
     parser.add_argument("--section", default="residual_nu_depth", help="the RESULTS.md section to write")
     parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
