@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Does anGPT need ν(α) on its LERP residuals at depth? (the anGPT paper: without it, training is unstable)
+"""anGPT with and without ν(α) on its LERP residuals, at 12 and 24 layers, side by side (the anGPT paper: without
+it, training is unstable).
 
 The convergence benchmark's ablation found no instability without ν(α) at 4 layers. Without the factor, each of the
 2L residual updates (1 − α)h + αx of unit, independent h and x has norm √((1 − α)² + α²) instead of 1 (SPEC §1.3,
