@@ -21,6 +21,7 @@ Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same co
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import pathlib
@@ -204,8 +205,6 @@ SETTINGS = ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps",
 def claim_output_dir(cfg: dict) -> None:
     """Record this command's settings in OUTPUT_DIR/settings.json, or stop with one line if the folder holds runs
     made with other settings: resuming from them would report another experiment's runs as this one's."""
-    import json
-
     output_dir = pathlib.Path(cfg["output_dir"])
     mine = {k: cfg[k] for k in SETTINGS}
     saved = output_dir / "settings.json"
@@ -231,11 +230,11 @@ def main(argv=None):
 
     torch.set_num_threads(cfg["threads"])  # the machine line names the runs' thread count
 
-    def plan(results: list[dict], cfg: dict) -> list[dict]:
-        finished = {convergence.run_name(r) for r in results}
-        return [s for s in planned(cfg["pairs"], cfg["lr"], cfg["seeds"]) if convergence.run_name(s) not in finished]
+    specs = planned(cfg["pairs"], cfg["lr"], cfg["seeds"])
+    wanted = {convergence.run_name(s) for s in specs}
 
     def report(results: list[dict]) -> str:
+        results = [r for r in results if convergence.run_name(r) in wanted]  # the folder may hold other pairs' runs
         cfg["machine"] = rf.machine_line()
         text = section(results, cfg, command)
         if not cfg["no_write"]:
@@ -244,10 +243,8 @@ def main(argv=None):
         return text
 
     convergence.prepare_data(cfg)
-    wanted = {convergence.run_name(s) for s in planned(cfg["pairs"], cfg["lr"], cfg["seeds"])}
-    results = convergence.execute(cfg, lambda results: report([r for r in results if convergence.run_name(r) in wanted]),
-                                  plan)
-    print(report([r for r in results if convergence.run_name(r) in wanted]))
+    # execute skips every run already finished in the folder, so the plan is simply all of this command's runs
+    print(report(convergence.execute(cfg, report, lambda results, cfg: specs)))
 
 
 if __name__ == "__main__":
