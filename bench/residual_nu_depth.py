@@ -8,7 +8,7 @@ docs/architectures.md), so the stream shrinks by about that factor per update, a
 at a fixed α init. This script trains anGPT at the convergence benchmark's default shape, data and recipe (SPEC §1:
 Adam, no warm-up, cosine to 0.01 × peak, clip 1.0, the project's width rule and s_z speed) at each LAYERS:ALPHA
 pair, with and without ν(α), side by side, and reports the final validation loss, whether it diverged, the largest
-rise of the training loss above its running minimum, the largest gradient norm, and the residual stream's norm
+rise of the validation loss above its running minimum, the largest gradient norm, and the residual stream's norm
 after each layer of the trained model on held-out text.
 
     python bench/residual_nu_depth.py                    # 12 and 24 layers (~1 h on 2 CPU cores)
@@ -112,12 +112,12 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              + f"anGPT's best rate in the convergence benchmark's 4-layer sweep), {cfg['steps']} steps × "
              f"{cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run, {seeds}, "
              f"{convergence.precision_text(results)}; {cfg['jobs']} run{'s' if cfg['jobs'] > 1 else ''} in parallel, "
-             f"{cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite (and the step); the losses and norms are medians over the seeds that finished (range when several); "
-             f"rise = largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out "
-             "tokens each time) above its running minimum and grad = largest gradient norm before clipping (logged "
-             "every 10 steps), both over every seed; ‖h‖ = mean norm of the residual "
-             "stream on held-out text after training (1 at initialisation), leaving the last layer and its "
-             "smallest value over the layers.", "",
+             f"{cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite (and the "
+             "step); the losses and norms are medians over the seeds that finished (range when several); rise = "
+             f"largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out tokens "
+             "each time) above its running minimum and grad = largest gradient norm before clipping (logged every 10 "
+             "steps), both over every seed; ‖h‖ = mean norm of the residual stream on held-out text after training "
+             "(1 at initialisation), leaving the last layer and its smallest value over the layers.", "",
              "| layers | α init | α·L | ν(α) | diverged | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | "
              "min ‖h‖ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple, list] = {}
