@@ -215,13 +215,17 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
     return losses
 
 
+def mean_and_error(values: list[float]) -> tuple[float, float | None]:
+    """Mean over seeds and its standard error (None for one seed): the table's cells and the plot's error bars."""
+    mean = statistics.fmean(values)
+    return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
+
+
 def summary_row(losses_by_seed: list[dict], multiples: list[int]) -> list[str]:
     cells = []
     for m in multiples:
-        values = [losses[m] for losses in losses_by_seed]
-        mean = statistics.fmean(values)
-        cells.append(f"{mean:.3f}" + (f" ± {statistics.stdev(values) / math.sqrt(len(values)):.3f}"
-                                      if len(values) > 1 else ""))
+        mean, error = mean_and_error([losses[m] for losses in losses_by_seed])
+        cells.append(f"{mean:.3f}" + (f" ± {error:.3f}" if error is not None else ""))
     return cells
 
 
@@ -246,8 +250,10 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
         if not by_seed:
             lines.append(f"| {variant} | " + " | ".join("not run" for _ in ms) + " | |")
             continue
-        growth = statistics.fmean(losses[ms[-1]] - losses[ms[0]] for losses in by_seed)
-        lines.append(f"| {variant} | " + " | ".join(summary_row(by_seed, ms)) + f" | {growth:+.3f} |")
+        # per seed, then pooled: seeds differ in level more than in growth (a seed's own baseline cancels)
+        growth, error = mean_and_error([losses[ms[-1]] - losses[ms[0]] for losses in by_seed])
+        lines.append(f"| {variant} | " + " | ".join(summary_row(by_seed, ms)) + f" | {growth:+.3f}"
+                     + (f" ± {error:.3f}" if error is not None else "") + " |")
     done = {v: statistics.fmean(r[ms[-1]] for r in s) for v, s in results.items() if s}
     if len(done) > 1:
         order = sorted(done, key=done.get)
@@ -290,11 +296,13 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     for variant, by_seed in results.items():
         if by_seed:
             ms = cfg["multiples"]
-            axis.plot([m * cfg["length"] for m in ms], [statistics.fmean(r[m] for r in by_seed) for m in ms], "o-",
-                      label=variant)
+            means, errors = zip(*(mean_and_error([r[m] for r in by_seed]) for m in ms))
+            axis.errorbar([m * cfg["length"] for m in ms], means, yerr=None if None in errors else errors,
+                          fmt="o-", capsize=3, label=variant)
     axis.axvline(cfg["length"], color="grey", linestyle="--", linewidth=1)
     axis.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="validation loss",
-             title=f"trained at L={cfg['length']}")
+             title=f"trained at L={cfg['length']}" + (", bars: ± standard error over seeds"
+                                                     if any(len(s) > 1 for s in results.values()) else ""))
     axis.set_xscale("log", base=2)
     axis.legend(fontsize=8)
     axis.grid(alpha=0.3)
