@@ -221,12 +221,14 @@ def mean_and_error(values: list[float]) -> tuple[float, float | None]:
     return mean, (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
 
 
+def cell(values: list[float], signed: bool = False) -> str:
+    """A table cell: the mean over seeds, with its standard error when there are several."""
+    mean, error = mean_and_error(values)
+    return f"{mean:{'+' if signed else ''}.3f}" + (f" ± {error:.3f}" if error is not None else "")
+
+
 def summary_row(losses_by_seed: list[dict], multiples: list[int]) -> list[str]:
-    cells = []
-    for m in multiples:
-        mean, error = mean_and_error([losses[m] for losses in losses_by_seed])
-        cells.append(f"{mean:.3f}" + (f" ± {error:.3f}" if error is not None else ""))
-    return cells
+    return [cell([losses[m] for losses in losses_by_seed]) for m in multiples]
 
 
 def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
@@ -251,9 +253,8 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
             lines.append(f"| {variant} | " + " | ".join("not run" for _ in ms) + " | |")
             continue
         # per seed, then pooled: seeds differ in level more than in growth (a seed's own baseline cancels)
-        growth, error = mean_and_error([losses[ms[-1]] - losses[ms[0]] for losses in by_seed])
-        lines.append(f"| {variant} | " + " | ".join(summary_row(by_seed, ms)) + f" | {growth:+.3f}"
-                     + (f" ± {error:.3f}" if error is not None else "") + " |")
+        growth = cell([losses[ms[-1]] - losses[ms[0]] for losses in by_seed], signed=True)
+        lines.append(f"| {variant} | " + " | ".join(summary_row(by_seed, ms)) + f" | {growth} |")
     done = {v: statistics.fmean(r[ms[-1]] for r in s) for v, s in results.items() if s}
     if len(done) > 1:
         order = sorted(done, key=done.get)
