@@ -15,6 +15,7 @@ after each layer of the trained model on held-out text.
     python bench/residual_nu_depth.py --pairs 12:0.05 12:0.0333 24:0.0167 24:0.01 --seeds 3 --steps 40 \
         --eval-steps 20 --output-dir runs/residual_nu_depth_start --section residual_nu_depth_start \
         --title ", first 40 steps"                      # the start of training, three seeds
+    python bench/residual_nu_depth.py --pairs 24:0.0167 --lr 0.004 --first-seed 2   # one long pair, seed 2 alone
 
 Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes.
 """
@@ -57,11 +58,15 @@ def stream_norms(model, recipe, info: dict) -> dict:
     return {"stream_norms": norms}
 
 
-def planned(pairs: list[tuple[int, float]], lr: float, seeds: int) -> list[dict]:
+def seed_range(cfg: dict) -> range:
+    return range(cfg["first_seed"], cfg["first_seed"] + cfg["seeds"])
+
+
+def planned(pairs: list[tuple[int, float]], lr: float, seeds: range) -> list[dict]:
     """Per pair, ν(α) on then off, seed by seed: deepest first, where the paper's claim has the most room to show."""
     return [{"arch": "angpt", "layers": layers, "alpha": alpha, "lr": lr, "seed": seed,
              **({"ablation": "no_nu"} if off else {})}
-            for layers, alpha in sorted(pairs, key=lambda p: -p[0]) for seed in range(seeds) for off in (False, True)]
+            for layers, alpha in sorted(pairs, key=lambda p: -p[0]) for seed in seeds for off in (False, True)]
 
 
 def largest_gradient(cfg: dict, run: dict) -> float | None:
@@ -103,7 +108,8 @@ def row(runs: list[dict], on_finals: list[float], cfg: dict) -> str:
 def section(results: list[dict], cfg: dict, command: str) -> str:
     by_name = {convergence.run_name(r): r for r in results}
     tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
-    seeds = "seed 0" if cfg["seeds"] == 1 else f"seeds 0–{cfg['seeds'] - 1}"
+    first, last = seed_range(cfg)[0], seed_range(cfg)[-1]
+    seeds = f"seed {first}" if first == last else f"seeds {first}–{last}"
     lines = [f"## Residual ν(α) at depth{cfg['title']}: anGPT with and without it (the anGPT paper: without it, "
              "training is unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
@@ -121,7 +127,7 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              "| layers | α init | α·L | ν(α) | diverged | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | "
              "min ‖h‖ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple, list] = {}
-    for spec in planned(cfg["pairs"], cfg["lr"], cfg["seeds"]):
+    for spec in planned(cfg["pairs"], cfg["lr"], seed_range(cfg)):
         key = (spec["layers"], spec["alpha"], bool(spec.get("ablation")))
         settings.setdefault(key, []).extend([by_name[n]] if (n := convergence.run_name(spec)) in by_name else [])
     for (layers, alpha, off), runs in settings.items():
@@ -143,7 +149,7 @@ def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
     for r in sorted(results, key=lambda r: (-r["layers"], r["alpha"], bool(r.get("ablation")), r["seed"])):
         key = (r["layers"], r["alpha"])
         label = (f"{r['layers']} layers, α {r['alpha']:g}, ν(α) {'off' if r.get('ablation') else 'on'}"
-                 if r["seed"] == 0 else None)  # one legend entry per setting, not per seed
+                 if r["seed"] == cfg["first_seed"] else None)  # one legend entry per setting, not per seed
         style = dict(linestyle="--" if r.get("ablation") else "-", color=colours.get(key))
         if r["curve"]:
             line, = curves.plot(*zip(*r["curve"]), label=label and label + (" (diverged)" if r["diverged"] else ""),
@@ -180,7 +186,9 @@ def parse_config(argv) -> dict:
                         "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
     parser.add_argument("--lr", type=float, default=BEST_4_LAYER_LR,
                         help="peak learning rate (default: anGPT's best at 4 layers)")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds 0..N-1 of every run")
+    parser.add_argument("--seeds", type=int, default=1, help="how many seeds of every run")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first of those seeds (a long setting can then be run one seed at a time)")
     parser.add_argument("--section", default="residual_nu_depth", help="the RESULTS.md section to write")
     parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
     for name in ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
@@ -192,6 +200,8 @@ def parse_config(argv) -> dict:
     parser.add_argument("--output-dir", default="runs/residual_nu_depth")
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)
+    if args.seeds < 1 or args.first_seed < 0:
+        parser.error(f"--seeds must be at least 1 and --first-seed at least 0, got {args.seeds} and {args.first_seed}")
     cfg = dict(convergence.SIZES["default"])
     cfg.update({k: v for k, v in vars(args).items() if v is not None})
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
@@ -230,7 +240,7 @@ def main(argv=None):
 
     torch.set_num_threads(cfg["threads"])  # the machine line names the runs' thread count
 
-    specs = planned(cfg["pairs"], cfg["lr"], cfg["seeds"])
+    specs = planned(cfg["pairs"], cfg["lr"], seed_range(cfg))
     wanted = {convergence.run_name(s) for s in specs}
 
     def report(results: list[dict]) -> str:

@@ -88,6 +88,23 @@ def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
     assert "| 2 | 0.2 | 0.40 | off |" in results.read_text()
 
 
+def test_residual_nu_depth_first_seed(bench, tmp_path, capsys):
+    """--first-seed runs a later seed alone (a long setting one seed at a time), and the section names that seed."""
+    out, results, corpus, recipe = bench
+    import residual_nu_depth
+
+    args = ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
+            "--steps", "2", "--eval-steps", "1", "--eval-batches", "1", "--pairs", "2:0.1", "--jobs", "1",
+            "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs"), *out]
+    residual_nu_depth.main(args + ["--first-seed", "2"])
+    assert sorted(p.name for p in (tmp_path / "runs").glob("angpt-*")) == [
+        "angpt-L2-a0.1-lr0.008-s2", "angpt-L2-a0.1-lr0.008-s2-no_nu"]
+    assert "training tokens per run, seed 2, " in results.read_text()
+    with pytest.raises(SystemExit):
+        residual_nu_depth.main(args + ["--seeds", "0"])
+    assert "--seeds must be at least 1 and --first-seed at least 0, got 0 and 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bf16_ratio, precision", [(None, "bf16 autocast"), (0.01, "float32 (`--precision auto`")])
 def test_throughput_smoke(bench, tmp_path, monkeypatch, bf16_ratio, precision):
     """--precision auto: bf16 autocast where the CPU has native bfloat16, float32 (named) where it has not."""
