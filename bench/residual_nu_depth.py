@@ -146,18 +146,31 @@ def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
 
     figure, (curves, norms) = plt.subplots(1, 2, figsize=(12, 4.2))
     colours = {}
+    runs: dict[tuple, list] = {}
+    for r in results:
+        runs.setdefault((r["layers"], r["alpha"], bool(r.get("ablation"))), []).append(r)
+    labelled = {curves: set(), norms: set()}
+
+    def label(axis, setting: tuple) -> str | None:
+        """One legend entry per setting and panel, on whichever seed draws there first (a diverged run draws no
+        norms)."""
+        if setting in labelled[axis]:
+            return None
+        labelled[axis].add(setting)
+        diverged = sum(r["diverged"] for r in runs[setting])
+        return (f"{setting[0]} layers, α {setting[1]:g}, ν(α) {'off' if setting[2] else 'on'}"
+                + (f" ({diverged}/{len(runs[setting])} diverged)" if diverged else ""))
+
     for r in sorted(results, key=lambda r: (-r["layers"], r["alpha"], bool(r.get("ablation")), r["seed"])):
-        key = (r["layers"], r["alpha"])
-        label = (f"{r['layers']} layers, α {r['alpha']:g}, ν(α) {'off' if r.get('ablation') else 'on'}"
-                 if r["seed"] == cfg["first_seed"] else None)  # one legend entry per setting, not per seed
+        key, setting = (r["layers"], r["alpha"]), (r["layers"], r["alpha"], bool(r.get("ablation")))
         style = dict(linestyle="--" if r.get("ablation") else "-", color=colours.get(key))
         if r["curve"]:
-            line, = curves.plot(*zip(*r["curve"]), label=label and label + (" (diverged)" if r["diverged"] else ""),
-                                **style)
+            line, = curves.plot(*zip(*r["curve"]), label=label(curves, setting), **style)
             colours.setdefault(key, line.get_color())
             style["color"] = colours[key]
         if r.get("stream_norms"):
-            norms.plot(range(len(r["stream_norms"])), r["stream_norms"], marker=".", label=label, **style)
+            norms.plot(range(len(r["stream_norms"])), r["stream_norms"], marker=".", label=label(norms, setting),
+                       **style)
     finals = [r["final"] for r in results if not r["diverged"]]
     if finals:
         curves.set_ylim(min(finals) - 0.1, max(finals) + 1.0)
