@@ -62,6 +62,11 @@ def seed_range(cfg: dict) -> range:
     return range(cfg["first_seed"], cfg["first_seed"] + cfg["seeds"])
 
 
+def setting(run: dict) -> tuple[int, float, bool]:
+    """What a run's seeds share: depth, α init, and whether ν(α) is off."""
+    return run["layers"], run["alpha"], bool(run.get("ablation"))
+
+
 def planned(pairs: list[tuple[int, float]], lr: float, seeds: range) -> list[dict]:
     """Per pair, ν(α) on then off, seed by seed: deepest first, where the paper's claim has the most room to show."""
     return [{"arch": "angpt", "layers": layers, "alpha": alpha, "lr": lr, "seed": seed,
@@ -108,8 +113,9 @@ def row(runs: list[dict], on_finals: list[float], cfg: dict) -> str:
 def section(results: list[dict], cfg: dict, command: str) -> str:
     by_name = {convergence.run_name(r): r for r in results}
     tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
-    first, last = seed_range(cfg)[0], seed_range(cfg)[-1]
-    seeds = f"seed {first}" if first == last else f"seeds {first}–{last}"
+    seed_numbers = seed_range(cfg)
+    seeds = (f"seed {seed_numbers[0]}" if len(seed_numbers) == 1
+             else f"seeds {seed_numbers[0]}–{seed_numbers[-1]}")
     lines = [f"## Residual ν(α) at depth{cfg['title']}: anGPT with and without it (the anGPT paper: without it, "
              "training is unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
@@ -127,9 +133,8 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              "| layers | α init | α·L | ν(α) | diverged | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | "
              "min ‖h‖ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple, list] = {}
-    for spec in planned(cfg["pairs"], cfg["lr"], seed_range(cfg)):
-        key = (spec["layers"], spec["alpha"], bool(spec.get("ablation")))
-        settings.setdefault(key, []).extend([by_name[n]] if (n := convergence.run_name(spec)) in by_name else [])
+    for spec in planned(cfg["pairs"], cfg["lr"], seed_numbers):
+        settings.setdefault(setting(spec), []).extend([by_name[n]] if (n := convergence.run_name(spec)) in by_name else [])
     for (layers, alpha, off), runs in settings.items():
         head = f"| {layers} | {alpha:g} | {layers * alpha:.2f} | {'off' if off else 'on'} | "
         on_finals = [r["final"] for r in settings[layers, alpha, False] if not r["diverged"]] if off else []
@@ -148,29 +153,28 @@ def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
     colours = {}
     runs: dict[tuple, list] = {}
     for r in results:
-        runs.setdefault((r["layers"], r["alpha"], bool(r.get("ablation"))), []).append(r)
+        runs.setdefault(setting(r), []).append(r)
     labelled = {curves: set(), norms: set()}
 
-    def label(axis, setting: tuple) -> str | None:
+    def label(axis, run: dict) -> str | None:
         """One legend entry per setting and panel, on whichever seed draws there first (a diverged run draws no
         norms)."""
-        if setting in labelled[axis]:
+        if (key := setting(run)) in labelled[axis]:
             return None
-        labelled[axis].add(setting)
-        diverged = sum(r["diverged"] for r in runs[setting])
-        return (f"{setting[0]} layers, α {setting[1]:g}, ν(α) {'off' if setting[2] else 'on'}"
-                + (f" ({diverged}/{len(runs[setting])} diverged)" if diverged else ""))
+        labelled[axis].add(key)
+        diverged = sum(r["diverged"] for r in runs[key])
+        return (f"{run['layers']} layers, α {run['alpha']:g}, ν(α) {'off' if run.get('ablation') else 'on'}"
+                + (f" ({diverged}/{len(runs[key])} diverged)" if diverged else ""))
 
-    for r in sorted(results, key=lambda r: (-r["layers"], r["alpha"], bool(r.get("ablation")), r["seed"])):
-        key, setting = (r["layers"], r["alpha"]), (r["layers"], r["alpha"], bool(r.get("ablation")))
+    for r in sorted(results, key=lambda r: (-r["layers"], *setting(r)[1:], r["seed"])):
+        key = (r["layers"], r["alpha"])  # ν(α) on and off share a colour
         style = dict(linestyle="--" if r.get("ablation") else "-", color=colours.get(key))
         if r["curve"]:
-            line, = curves.plot(*zip(*r["curve"]), label=label(curves, setting), **style)
+            line, = curves.plot(*zip(*r["curve"]), label=label(curves, r), **style)
             colours.setdefault(key, line.get_color())
             style["color"] = colours[key]
         if r.get("stream_norms"):
-            norms.plot(range(len(r["stream_norms"])), r["stream_norms"], marker=".", label=label(norms, setting),
-                       **style)
+            norms.plot(range(len(r["stream_norms"])), r["stream_norms"], marker=".", label=label(norms, r), **style)
     finals = [r["final"] for r in results if not r["diverged"]]
     if finals:
         curves.set_ylim(min(finals) - 0.1, max(finals) + 1.0)

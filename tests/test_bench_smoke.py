@@ -52,16 +52,23 @@ def test_convergence_smoke(bench, tmp_path):
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
 
 
+def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
+    """A smoke-size residual_nu_depth command line: a tiny model, `steps` steps, one LAYERS:ALPHA pair."""
+    out, _, corpus, recipe = bench
+    return ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
+            "--steps", str(steps), "--eval-steps", str(steps // 2), "--eval-batches", "1", "--pairs", pair,
+            "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe),
+            "--output-dir", str(tmp_path / "runs"), *out]
+
+
 def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
     """ν(α) on and off at each depth, side by side; without ν(α) the stream leaves every LERP shorter by about
     √((1 − α)² + α²) (SPEC §1.3), which the per-layer norms of the trained models show."""
-    out, results, corpus, recipe = bench
+    results = bench[1]
     import residual_nu_depth
 
     alpha = 0.2  # large (α·L at the 0.4 limit), so that the shrinkage stands clear of what 4 steps change
-    args = ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
-            "--steps", "4", "--eval-steps", "2", "--eval-batches", "1", "--pairs", f"2:{alpha}", "--jobs", "1",
-            "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs"), *out]
+    args = residual_nu_depth_args(bench, tmp_path, steps=4, pair=f"2:{alpha}")
     residual_nu_depth.main(args)
     text = results.read_text()
     assert "<!-- residual_nu_depth:start -->" in text and "| 2 | 0.2 | 0.40 | on |" in text
@@ -90,12 +97,10 @@ def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
 
 def test_residual_nu_depth_first_seed(bench, tmp_path, capsys):
     """--first-seed runs a later seed alone (a long setting one seed at a time), and the section names that seed."""
-    out, results, corpus, recipe = bench
+    results = bench[1]
     import residual_nu_depth
 
-    args = ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
-            "--steps", "2", "--eval-steps", "1", "--eval-batches", "1", "--pairs", "2:0.1", "--jobs", "1",
-            "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs"), *out]
+    args = residual_nu_depth_args(bench, tmp_path, steps=2, pair="2:0.1")
     residual_nu_depth.main(args + ["--first-seed", "2"])
     assert sorted(p.name for p in (tmp_path / "runs").glob("angpt-*")) == [
         "angpt-L2-a0.1-lr0.008-s2", "angpt-L2-a0.1-lr0.008-s2-no_nu"]
