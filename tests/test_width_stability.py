@@ -7,6 +7,7 @@ loss below 1.5× its initial value; the same run without the rule must spike at 
 import importlib.resources
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -116,6 +117,11 @@ def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
         assert alpha_depth_warning(config) is None, path.name
     deep = AnGPTConfig(architecture="angpt", num_hidden_layers=24)  # SPEC's α init 0.05
     assert "alpha_init" in alpha_depth_warning(deep) and "24 layers" in alpha_depth_warning(deep)
+    just_over = AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=0.0167)  # 0.4008
+    message = alpha_depth_warning(just_over)
+    assert "0.4008 > 0.4" in message, message
+    suggested = float(re.search(r"alpha_init <= ([0-9.]+)", message).group(1))
+    assert suggested < 0.0167 and alpha_depth_warning(AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=suggested)) is None
     assert alpha_depth_warning(AnGPTConfig(architecture="ngpt", num_hidden_layers=24)) is None  # exact norms
 
 
@@ -125,7 +131,7 @@ def test_training_warns_before_building_a_deep_angpt_with_specs_alpha():
     from modeling_angpt.training.model_setup import build_config
 
     deep = Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24})
-    with pytest.warns(UserWarning, match=r"alpha_init=0.05 and 24 layers .*model_kwargs.alpha_init <= 0.0167"):
+    with pytest.warns(UserWarning, match=r"alpha_init=0.05 and 24 layers .*model_kwargs.alpha_init <= 0.0166"):
         build_config(deep)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

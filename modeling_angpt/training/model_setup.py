@@ -4,6 +4,7 @@ config JSON path, with the recipe's architecture and model_kwargs applied; or a 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -85,10 +86,12 @@ def alpha_depth_warning(config) -> str | None:
     product = config.alpha_init * config.num_hidden_layers
     if product <= ALPHA_DEPTH_LIMIT + 1e-9:
         return None
+    # Four digits, rounded down: a product just over the limit (0.0167 x 24 = 0.4008) must not read "0.4 > 0.4",
+    # and the suggested value must itself pass this check.
+    largest = math.floor(ALPHA_DEPTH_LIMIT / config.num_hidden_layers * 1e4) / 1e4
     return (f"anGPT with alpha_init={config.alpha_init:g} and {config.num_hidden_layers} layers (alpha_init x layers "
-            f"= {product:.2g} > {ALPHA_DEPTH_LIMIT}) tends to blow up in its first steps; set model_kwargs.alpha_init "
-            f"<= {ALPHA_DEPTH_LIMIT / config.num_hidden_layers:.3g} (the presets from 12 layers use 0.12/layers; "
-            "docs/architectures.md)")
+            f"= {product:.4g} > {ALPHA_DEPTH_LIMIT}) tends to blow up in its first steps; set model_kwargs.alpha_init "
+            f"<= {largest:g} (the presets from 12 layers use 0.12/layers; docs/architectures.md)")
 
 
 def build_model(recipe, config, tokenizer):
