@@ -121,7 +121,8 @@ def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
     message = alpha_depth_warning(just_over)
     assert "0.4008 > 0.4" in message, message
     suggested = float(re.search(r"alpha_init <= ([0-9.]+)", message).group(1))
-    assert suggested < 0.0167 and alpha_depth_warning(AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=suggested)) is None
+    assert suggested < 0.0167
+    assert alpha_depth_warning(AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=suggested)) is None
     assert alpha_depth_warning(AnGPTConfig(architecture="ngpt", num_hidden_layers=24)) is None  # exact norms
 
 
