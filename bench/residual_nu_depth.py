@@ -134,7 +134,9 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              "min ‖h‖ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple, list] = {}
     for spec in planned(cfg["pairs"], cfg["lr"], seed_numbers):
-        settings.setdefault(setting(spec), []).extend([by_name[n]] if (n := convergence.run_name(spec)) in by_name else [])
+        runs = settings.setdefault(setting(spec), [])  # every planned setting gets a row, finished or not
+        if (name := convergence.run_name(spec)) in by_name:
+            runs.append(by_name[name])
     for (layers, alpha, off), runs in settings.items():
         head = f"| {layers} | {alpha:g} | {layers * alpha:.2f} | {'off' if off else 'on'} | "
         on_finals = [r["final"] for r in settings[layers, alpha, False] if not r["diverged"]] if off else []
@@ -162,8 +164,9 @@ def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
         if (key := setting(run)) in labelled[axis]:
             return None
         labelled[axis].add(key)
+        layers, alpha, off = key
         diverged = sum(r["diverged"] for r in runs[key])
-        return (f"{run['layers']} layers, α {run['alpha']:g}, ν(α) {'off' if run.get('ablation') else 'on'}"
+        return (f"{layers} layers, α {alpha:g}, ν(α) {'off' if off else 'on'}"
                 + (f" ({diverged}/{len(runs[key])} diverged)" if diverged else ""))
 
     for r in sorted(results, key=lambda r: (-r["layers"], *setting(r)[1:], r["seed"])):

@@ -64,7 +64,7 @@ def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
 def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
     """ν(α) on and off at each depth, side by side; without ν(α) the stream leaves every LERP shorter by about
     √((1 − α)² + α²) (SPEC §1.3), which the per-layer norms of the trained models show."""
-    results = bench[1]
+    _, results, _, _ = bench
     import residual_nu_depth
 
     alpha = 0.2  # large (α·L at the 0.4 limit), so that the shrinkage stands clear of what 4 steps change
@@ -97,7 +97,7 @@ def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
 
 def test_residual_nu_depth_first_seed(bench, tmp_path, capsys):
     """--first-seed runs a later seed alone (a long setting one seed at a time), and the section names that seed."""
-    results = bench[1]
+    _, results, _, _ = bench
     import residual_nu_depth
 
     args = residual_nu_depth_args(bench, tmp_path, steps=2, pair="2:0.1")
