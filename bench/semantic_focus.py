@@ -304,13 +304,13 @@ def main(argv=None) -> dict:
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
              "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]
     paper_epochs = {t: PROFILES["paper"][t][2] for t in TASKS}
-    # a count when the seeds start at 0; which seeds otherwise ("seed 2" alone would read as two seeds)
-    seed_names = f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
+    # a count when the seeds start at 0; which seeds otherwise (a bare "2" for seed 2 alone reads as two seeds)
+    seed_cell = seeds if args.first_seed == 0 else f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
     for task in tasks:
         n_train, n_heldout, epochs, kw = settings[task]
         length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"
         lines.append(f"| {task} | {n_train} / {n_heldout} | {length} | {args.epochs or epochs} ({paper_epochs[task]}) | "
-                     f"{seeds if args.first_seed == 0 else seed_names} |")
+                     f"{seed_cell} |")
     lines += ["", "Epochs to ≥ 95 % training accuracy (median over seeds, a seed that never reached it counted as its epochs run + 1; – = not reached) and "
               "held-out accuracy (median over seeds: at the last epoch run / best epoch).", "",
               "| task | variant | epochs to 95 % | per seed | held-out acc (last / best) | train acc (last) |",
