@@ -296,6 +296,10 @@ def main(argv=None) -> dict:
     compared = " vs ".join(VARIANT_NAMES[v] for v in variants) + " attention"
     if args.section:  # a section beside the profile's own: say which tasks it holds
         compared += " on " + ", ".join(tasks)
+    # a count when the seeds start at 0; which seeds otherwise (a bare "2" for seed 2 alone reads as two seeds)
+    seed_cell = seeds if args.first_seed == 0 else f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
+    if args.first_seed:  # later seeds beside a section of the first ones: the heading (and its anchor) says which
+        compared += f", {seed_cell}"
     lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
              f"`{command}` on {machine(args.device)}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
              f"thread(s) each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
@@ -304,8 +308,6 @@ def main(argv=None) -> dict:
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
              "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]
     paper_epochs = {t: PROFILES["paper"][t][2] for t in TASKS}
-    # a count when the seeds start at 0; which seeds otherwise (a bare "2" for seed 2 alone reads as two seeds)
-    seed_cell = seeds if args.first_seed == 0 else f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
     for task in tasks:
         n_train, n_heldout, epochs, kw = settings[task]
         length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"

@@ -120,6 +120,7 @@ def test_benchmark_runs_a_later_seed_alone_into_its_own_directory(tmp_path, sema
     assert sorted(p.name for p in (tmp_path / "later" / "parity" / "full").iterdir()) == ["seed1"]
     assert without_time(later["runs"][0]["history"]) == without_time(both["runs"][1]["history"])
     assert "| parity | 40 / 20 | 40 | 1 (1000) | seed 1 |" in later["section"]
+    assert later["section"].startswith("## Semantic focus: full attention, seed 1 (smoke profile, library backbone)")
 
 
 def test_a_run_cut_at_its_deadline_is_saved_and_resumes_to_the_uninterrupted_history(tmp_path):
