@@ -4,7 +4,7 @@
 # static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, compiled
 # decoding against eager, training throughput and MFU (anGPT, GPT+, nGPT, Llama; eager, then compiled), then, when
 # time is left, the compiled step time at the paper's 0.5B shape, the width-stability sweep, and ListOps (semantic
-# focus) for the rest of the time. A step that would not fit the time left is skipped and named. Figures go into
+# focus, its runs under CUDA MPS where that starts) for the rest of the time. A step that would not fit the time left is skipped and named. Figures go into
 # bench/RESULTS.md sections that name the device;
 # inference_speed prints its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
 #   bash bench/gpu_suite.sh            (from the repository root, with the package installed: make install)
@@ -47,12 +47,36 @@ step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --comp
 step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
     --variants baseline width_rule width_rule+s_z_speed_256 --precisions fp32 bf16 --section width_stability_gpu
 # the semantic-focus paper's ListOps (5000 sequences of 501-599 tokens, 200 epochs) in whatever time is left:
-# --time-limit cuts the eight runs (two seeds) in time, and the next suite continues them from their saved state
+# --time-limit cuts the eight runs (two seeds) in time, and the next suite continues them from their saved state.
+# Its runs are processes of small kernels: under CUDA MPS they run side by side instead of taking turns on the GPU
+# (an H200, four runs: 1.2-1.6x per epoch). MPS is used only where its daemon starts, in a pipe directory of this
+# suite's own (never another's daemon), and serves a CUDA call; the suite stops it at exit.
+mps_dir=""
+start_mps() {
+    command -v nvidia-cuda-mps-control >/dev/null || { echo "== MPS: no nvidia-cuda-mps-control" | tee -a $LOG; return; }
+    mps_dir=$(mktemp -d /tmp/angpt-mps.XXXXXX)
+    export CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe CUDA_MPS_LOG_DIRECTORY=$mps_dir/log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d && timeout 40 $PY -c "import torch; torch.ones(1, device='cuda').sum().item()"; then
+        echo "== MPS on" | tee -a $LOG
+    else
+        stop_mps; echo "== MPS off: its daemon did not start or serve" | tee -a $LOG
+    fi
+}
+stop_mps() {
+    [ -n "$mps_dir" ] || return 0
+    echo quit | timeout 10 nvidia-cuda-mps-control >/dev/null 2>&1
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; rm -rf "$mps_dir"; mps_dir=""
+}
+trap stop_mps EXIT
 left=$(( BUDGET - ($(date +%s) - start) ))
 if (( left >= 150 )); then
+    start_mps
+    left=$(( BUDGET - ($(date +%s) - start) ))
     step $left listops $PY bench/semantic_focus.py --paper --backbone paper --tasks listops --seeds 2 --device cuda \
         --jobs 8 --time-limit "$(awk "BEGIN {print ($left - 40) / 60}")" \
         --section semantic_focus_paper_encoder_listops_gpu --output-dir runs/semantic_focus-paper-listops-gpu
+    stop_mps
 else
     skipped+=("listops"); echo "== skip listops: ${left} s left, needs 150 s" | tee -a $LOG
 fi
