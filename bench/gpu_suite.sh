@@ -4,9 +4,9 @@
 # static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, compiled
 # decoding against eager, training throughput and MFU (anGPT, GPT+, nGPT, Llama; eager, then compiled), then, when
 # time is left, the compiled step time at the paper's 0.5B shape, the width-stability sweep, and ListOps (semantic
-# focus, its runs under CUDA MPS where that starts) for the rest of the time. A step that would not fit the time left is skipped and named. Figures go into
-# bench/RESULTS.md sections that name the device;
-# inference_speed prints its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
+# focus, its runs under CUDA MPS where that starts) for the rest of the time. A step that would not fit the time
+# left is skipped and named. Figures go into bench/RESULTS.md sections that name the device; inference_speed prints
+# its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
 #   bash bench/gpu_suite.sh            (from the repository root, with the package installed: make install)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --
 # suite's own (never another's daemon), and serves a CUDA call; the suite stops it at exit.
 mps_dir=""
 start_mps() {
-    command -v nvidia-cuda-mps-control >/dev/null || { echo "== MPS: no nvidia-cuda-mps-control" | tee -a $LOG; return; }
+    command -v nvidia-cuda-mps-control >/dev/null || { echo "== MPS: not installed" | tee -a $LOG; return; }
     mps_dir=$(mktemp -d /tmp/angpt-mps.XXXXXX)
     export CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe CUDA_MPS_LOG_DIRECTORY=$mps_dir/log
     mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
