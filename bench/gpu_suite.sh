@@ -76,7 +76,6 @@ if (( left >= 150 )); then
     step $left listops $PY bench/semantic_focus.py --paper --backbone paper --tasks listops --seeds 2 --device cuda \
         --jobs 8 --time-limit "$(awk "BEGIN {print ($left - 40) / 60}")" \
         --section semantic_focus_paper_encoder_listops_gpu --output-dir runs/semantic_focus-paper-listops-gpu
-    stop_mps
 else
     skipped+=("listops"); echo "== skip listops: ${left} s left, needs 150 s" | tee -a $LOG
 fi

@@ -296,9 +296,10 @@ def main(argv=None) -> dict:
     compared = " vs ".join(VARIANT_NAMES[v] for v in variants) + " attention"
     if args.section:  # a section beside the profile's own: say which tasks it holds
         compared += " on " + ", ".join(tasks)
-    # a count when the seeds start at 0; which seeds otherwise (a bare "2" for seed 2 alone reads as two seeds)
-    seed_cell = seeds if args.first_seed == 0 else f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
-    if args.first_seed:  # later seeds beside a section of the first ones: the heading (and its anchor) says which
+    seed_cell = seeds  # a count when the seeds start at 0
+    if args.first_seed:  # which seeds otherwise (a bare "2" for seed 2 alone reads as two seeds), in the table and in
+        # the heading, whose anchor then differs from that of the first seeds' section
+        seed_cell = f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
         compared += f", {seed_cell}"
     lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
              f"`{command}` on {machine(args.device)}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
