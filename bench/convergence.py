@@ -43,6 +43,9 @@ SIZES = {
     "device": dict(hidden=512, layers=8, heads=8, vocab=16384, block=512, batch=32, steps=3000, eval_steps=100,
                    eval_batches=16, centre={"gptplus": 2e-3, "ngpt": 4e-3, "angpt": 4e-3}),
 }
+# What a finished run's result depends on beyond its name (architecture, lr, seed, ablation; a depth run's layers
+# and α): one output folder, one setting (results_file.claim_output_dir).
+SETTINGS = ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches", "recipe", "dataset")
 # anGPT ablations (SPEC §1.3 [flag]s), each one change from anGPT's recipe at its best learning rate, seed 0.
 ABLATIONS = {"alpha0.01": ("α init 0.01", ["model_kwargs.alpha_init=0.01"]),
              "no_nu": ("no ν(α) on the residual", ["model_kwargs.alpha_nu=false"]),
@@ -257,7 +260,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     available = next((r["train_tokens_available"] for r in runs if r.get("train_tokens_available")), None)
     partial = summary["missing"]
     dataset = os.path.relpath(cfg["dataset"]) if os.path.isabs(cfg["dataset"]) else cfg["dataset"]
-    lines = ["## Convergence: tokens to GPT+'s final validation loss "
+    lines = [f"## Convergence{cfg['title']}: tokens to GPT+'s final validation loss "
              "(the anGPT paper: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
              f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
@@ -269,7 +272,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
              f"{cfg['eval_batches'] * 2 * cfg['batch'] * cfg['block']:,} held-out tokens for every run. "
              f"{cfg['jobs']} runs in parallel, {cfg['threads']} thread(s) each.", ""]
     if cfg.get("changed"):
-        lines += [f"Run at a reduced setting; what differs from `--size {cfg.get('size', 'default')}`: "
+        lines += [f"Settings that differ from `--size {cfg.get('size', 'default')}`: "
                   + ", ".join(f"{k} {v} (default {d})" for k, (v, d) in cfg["changed"].items()) + ".", ""]
     if partial:
         lines += [f"**Partial**: {len(partial)} planned run(s) had not finished when this was written "
@@ -377,6 +380,8 @@ def parse_config(argv) -> dict:
     parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("--output-dir", default="runs/convergence")
     parser.add_argument("--report-only", action="store_true", help="write RESULTS.md from finished runs only")
+    parser.add_argument("--section", default="convergence", help="the RESULTS.md section to write (and its plot's name)")
+    parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)
     cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
@@ -400,12 +405,13 @@ def main(argv=None):
     # The run's own command and settings: --report-only reports them, whatever else it is given.
     saved, command_file = output_dir / "config.json", output_dir / "command.txt"
     if not cfg["report_only"]:
+        rf.claim_output_dir("convergence.py", output_dir, {k: cfg[k] for k in ("layers", *SETTINGS)})
         command_file.write_text(rf.command_line("convergence.py", argv))
         saved.write_text(json.dumps({k: v for k, v in cfg.items() if k not in OUTPUT_KEYS}))
     elif saved.is_file():
         cfg.update({k: v for k, v in json.loads(saved.read_text()).items() if k not in OUTPUT_KEYS})
     command = command_file.read_text() if command_file.exists() else rf.command_line("convergence.py", argv)
-    png = pathlib.Path(cfg["plots_dir"]) / "convergence.png"
+    png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)
 
     import torch
@@ -418,7 +424,7 @@ def main(argv=None):
         text = section(summary, cfg, command)
         if not cfg["no_write"]:
             plot(summary, png)
-            rf.update_section("convergence", text, cfg["results"])
+            rf.update_section(cfg["section"], text, cfg["results"])
         return text
 
     if not cfg["report_only"]:

@@ -228,29 +228,9 @@ def parse_config(argv) -> dict:
     return cfg
 
 
-# What a finished run's result depends on beyond its name (depth, α, ν, lr, seed): one output folder, one setting.
-SETTINGS = ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches", "recipe", "dataset")
-
-
-def claim_output_dir(cfg: dict) -> None:
-    """Record this command's settings in OUTPUT_DIR/settings.json, or stop with one line if the folder holds runs
-    made with other settings: resuming from them would report another experiment's runs as this one's."""
-    output_dir = pathlib.Path(cfg["output_dir"])
-    mine = {k: cfg[k] for k in SETTINGS}
-    saved = output_dir / "settings.json"
-    if saved.is_file():
-        theirs = json.loads(saved.read_text())
-        differ = [f"{k} {theirs.get(k)!r}, not {mine[k]!r}" for k in SETTINGS if theirs.get(k) != mine[k]]
-        if differ:
-            raise SystemExit(f"residual_nu_depth.py: --output-dir {output_dir} holds runs made with other settings "
-                             f"({'; '.join(differ)}); pick another --output-dir")
-    output_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(mine))
-
-
 def main(argv=None):
     cfg = parse_config(argv)
-    claim_output_dir(cfg)
+    rf.claim_output_dir("residual_nu_depth.py", cfg["output_dir"], {k: cfg[k] for k in convergence.SETTINGS})
     command = rf.command_line("residual_nu_depth.py", argv)
     png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)

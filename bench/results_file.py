@@ -47,6 +47,24 @@ def add_output_arguments(parser) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only, write neither RESULTS.md nor plots")
 
 
+def claim_output_dir(script: str, output_dir: str | pathlib.Path, settings: dict) -> None:
+    """Record `settings` (what a finished run's result depends on beyond its name) in OUTPUT_DIR/settings.json, or
+    stop with one line if the folder holds runs made with other settings: resuming from them would report another
+    experiment's runs as this one's."""
+    import json
+
+    output_dir = pathlib.Path(output_dir)
+    saved = output_dir / "settings.json"
+    if saved.is_file():
+        theirs = json.loads(saved.read_text())
+        differ = [f"{k} {theirs.get(k)!r}, not {v!r}" for k, v in settings.items() if theirs.get(k) != v]
+        if differ:
+            raise SystemExit(f"{script}: --output-dir {output_dir} holds runs made with other settings "
+                             f"({'; '.join(differ)}); pick another --output-dir")
+    output_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(settings))
+
+
 def save_figure(figure, path: str | pathlib.Path) -> None:
     """Lay out, write (creating the folder) and close a matplotlib figure: every bench plot is saved alike."""
     import matplotlib.pyplot as plt
@@ -133,4 +151,4 @@ def corpus_line(dataset: str | pathlib.Path, *texts: str | pathlib.Path) -> str:
 def changed_settings(cfg: dict, defaults: dict, size: str) -> str:
     """One sentence naming every setting that differs from the size preset (empty when none does)."""
     changed = [f"{k} {cfg[k]} (default {v})" for k, v in defaults.items() if k in cfg and cfg[k] != v]
-    return f"Run at a reduced setting; what differs from `--size {size}`: {', '.join(changed)}." if changed else ""
+    return f"Settings that differ from `--size {size}`: {', '.join(changed)}." if changed else ""

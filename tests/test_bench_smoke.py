@@ -52,6 +52,29 @@ def test_convergence_smoke(bench, tmp_path):
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
 
 
+def test_convergence_second_section(bench, tmp_path):
+    """--section and --title give a second setting a section and plot of its own, which --report-only keeps
+    rewriting; a folder holding runs of other settings is refused in one line, not resumed from."""
+    out, results, corpus, recipe = bench
+    import convergence
+
+    args = [*TINY, "--block", "32", "--batch", "4", "--steps", "2", "--eval-steps", "1", "--eval-batches", "1",
+            "--grid-points", "1", "--max-extend", "0", "--seeds", "1", "--no-ablations", "--archs", "gptplus",
+            "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs")]
+    convergence.main([*args, "--section", "convergence_long", "--title", ", two steps", *out])
+    text = results.read_text()
+    assert "<!-- convergence_long:start -->\n## Convergence, two steps: tokens to GPT+'s" in text
+    assert "<!-- convergence:start -->" not in text
+    assert "](plots/convergence_long.png)" in text and (tmp_path / "plots" / "convergence_long.png").is_file()
+    assert "Settings that differ from `--size default`: " in text and "steps 2 (default 500)" in text
+    results.write_text("# Benchmark results\n")
+    convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
+    assert "<!-- convergence_long:start -->" in results.read_text()
+    with pytest.raises(SystemExit, match=r"convergence.py: --output-dir .*runs holds runs made with other settings "
+                                         r"\(steps 2, not 3\); pick another --output-dir"):
+        convergence.main([*args, "--steps", "3", *out])
+
+
 def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
     """A smoke-size residual_nu_depth command line: a tiny model, `steps` steps, one LAYERS:ALPHA pair."""
     out, _, corpus, recipe = bench
