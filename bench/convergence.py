@@ -18,6 +18,11 @@ Every finished run is cached as OUTPUT_DIR/<run>/result.json: a rerun of the sam
     python bench/convergence.py                     # default: d=256, 4 layers, 500 steps (~1 h on 2 CPU cores)
     python bench/convergence.py --size quick        # d=64, minutes
     python bench/convergence.py --size device       # d=512, 8 layers, 3000 steps on a GPU
+    python bench/convergence.py --steps 1000 --output-dir runs/convergence-1000 --section convergence_1000 \
+        --title ', 1000 steps'                      # a second setting: its own folder, section and plot
+
+An output folder belongs to one setting (shape, length, data, recipe): a command with other settings is refused
+rather than resumed from another experiment's runs.
 """
 from __future__ import annotations
 
