@@ -22,7 +22,6 @@ Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same co
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib

@@ -3,6 +3,7 @@ bench/plots/, the line that names the machine, the versions and the exact comman
 parallel runs."""
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import platform
@@ -51,8 +52,6 @@ def claim_output_dir(script: str, output_dir: str | pathlib.Path, settings: dict
     """Record `settings` (what a finished run's result depends on beyond its name) in OUTPUT_DIR/settings.json, or
     stop with one line if the folder holds runs made with other settings: resuming from them would report another
     experiment's runs as this one's."""
-    import json
-
     output_dir = pathlib.Path(output_dir)
     saved = output_dir / "settings.json"
     if saved.is_file():
