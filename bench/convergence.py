@@ -292,7 +292,8 @@ def section(summary: dict, cfg: dict, command: str) -> str:
         inside = "—" if s["best"] is None else ("**no: best at the edge after extending**" if s["edge"] else "yes")
         lines.append(f"| {arch} | {cells or '—'} | {'—' if s['best'] is None else format(s['best'], 'g')}"
                      f"{' (sweep unfinished)' if s['best'] is None and s['runs'] else ''} | {inside} |")
-    lines += ["", f"At the best rate, {cfg['seeds']} seeds (median, range over seeds); speed-up per seed = tokens "
+    seeds = f"{cfg['seeds']} seed{'s' if cfg['seeds'] > 1 else ''}"
+    lines += ["", f"At the best rate, {seeds} (median, range over seeds); speed-up per seed = tokens "
               "GPT+ (same seed) needs to reach its final loss / tokens the architecture needs to reach it:", "",
               "| architecture | best lr | seeds done | final val loss | speed-up vs GPT+ |", "|---|---|---|---|---|"]
     for arch, by_seed in summary["seeds"].items():
@@ -385,7 +386,8 @@ def parse_config(argv) -> dict:
     parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("--output-dir", default="runs/convergence")
     parser.add_argument("--report-only", action="store_true", help="write RESULTS.md from finished runs only")
-    parser.add_argument("--section", default="convergence", help="the RESULTS.md section to write (and its plot's name)")
+    parser.add_argument("--section", default="convergence",
+                        help="the RESULTS.md section to write, and its plot's file name")
     parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)

@@ -67,6 +67,7 @@ def test_convergence_second_section(bench, tmp_path):
     assert "<!-- convergence:start -->" not in text
     assert "](plots/convergence_long.png)" in text and (tmp_path / "plots" / "convergence_long.png").is_file()
     assert "Settings that differ from `--size default`: " in text and "steps 2 (default 500)" in text
+    assert "At the best rate, 1 seed (median" in text
     results.write_text("# Benchmark results\n")
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
     assert "<!-- convergence_long:start -->" in results.read_text()
