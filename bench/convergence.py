@@ -322,14 +322,16 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict, path: pathlib.Path) -> None:
+def plot(summary: dict, path: pathlib.Path, ablations: bool = True) -> None:
+    """Validation curves at the best rates, the sweeps, and (unless the run has none) the anGPT ablations."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    figure, (curves, sweep, ablation) = plt.subplots(1, 3, figsize=(15, 4.2))
+    panels = 3 if ablations else 2
+    figure, (curves, sweep, *ablation_axes) = plt.subplots(1, panels, figsize=(5 * panels, 4.2))
     finals = []
     for arch, by_seed in summary["seeds"].items():
         runs = [r for r in by_seed.values() if r["curve"] and not r["diverged"]]
@@ -339,7 +341,8 @@ def plot(summary: dict, path: pathlib.Path) -> None:
         tokens = [t for t, _ in runs[0]["curve"][:length]]
         losses = [[r["curve"][i][1] for r in runs] for i in range(length)]
         line, = curves.plot(tokens, [statistics.median(x) for x in losses],
-                            label=f"{arch} lr {summary['sweep'][arch]['best']:g} ({len(runs)} seeds)")
+                            label=f"{arch} lr {summary['sweep'][arch]['best']:g} ({len(runs)} seed"
+                            f"{'s' if len(runs) > 1 else ''})")
         curves.fill_between(tokens, [min(x) for x in losses], [max(x) for x in losses], alpha=0.25,
                             color=line.get_color())
         finals += [x for x in losses[-1]] + [statistics.median(x) for x in losses[length // 4:length // 4 + 1]]
@@ -355,14 +358,15 @@ def plot(summary: dict, path: pathlib.Path) -> None:
     if rates:  # the swept rates as plain ticks: log-axis minor labels overlap on a factor-2 grid
         sweep.set_xticks(rates, [f"{lr:g}" for lr in rates], minor=False)
         sweep.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    base = summary["seeds"].get("angpt", {}).get(0)
-    for name, r in [("baseline", base)] + [(ABLATIONS[k][0], r) for k, r in summary["ablations"].items()]:
-        if r and r["curve"]:
-            ablation.plot(*zip(*r["curve"]), label=name + (" (diverged)" if r.get("diverged") else ""))
-    if base:
-        ablation.set_ylim(base["final"] - 0.15, base["final"] + 0.6)
-    ablation.set(xlabel="training tokens", ylabel="validation loss", title="anGPT ablations (seed 0)")
-    for axis in (curves, sweep, ablation):
+    for ablation in ablation_axes:  # none when the run has no ablations
+        base = summary["seeds"].get("angpt", {}).get(0)
+        for name, r in [("baseline", base)] + [(ABLATIONS[k][0], r) for k, r in summary["ablations"].items()]:
+            if r and r["curve"]:
+                ablation.plot(*zip(*r["curve"]), label=name + (" (diverged)" if r.get("diverged") else ""))
+        if base:
+            ablation.set_ylim(base["final"] - 0.15, base["final"] + 0.6)
+        ablation.set(xlabel="training tokens", ylabel="validation loss", title="anGPT ablations (seed 0)")
+    for axis in figure.axes:
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
         axis.grid(alpha=0.3)
@@ -430,7 +434,7 @@ def main(argv=None):
         cfg["machine"] = rf.machine_line()
         text = section(summary, cfg, command)
         if not cfg["no_write"]:
-            plot(summary, png)
+            plot(summary, png, ablations=cfg["ablations"])
             rf.update_section(cfg["section"], text, cfg["results"])
         return text
 

@@ -65,7 +65,11 @@ def test_convergence_second_section(bench, tmp_path):
     text = results.read_text()
     assert "<!-- convergence_long:start -->\n## Convergence, two steps: tokens to GPT+'s" in text
     assert "<!-- convergence:start -->" not in text
-    assert "](plots/convergence_long.png)" in text and (tmp_path / "plots" / "convergence_long.png").is_file()
+    assert "](plots/convergence_long.png)" in text
+    import matplotlib.image
+
+    # two panels (curves, sweep) at 5 inches × 110 dpi each: no empty ablation panel for a run without ablations
+    assert matplotlib.image.imread(tmp_path / "plots" / "convergence_long.png").shape[1] == 2 * 5 * 110
     assert "Settings that differ from `--size default`: " in text and "steps 2 (default 500)" in text
     assert "At the best rate, 1 seed (median" in text
     results.write_text("# Benchmark results\n")
