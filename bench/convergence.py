@@ -322,7 +322,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     return "\n".join(lines)
 
 
-def plot(summary: dict, path: pathlib.Path, ablations: bool = True) -> None:
+def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
     """Validation curves at the best rates, the sweeps, and (unless the run has none) the anGPT ablations."""
     import matplotlib
 
@@ -411,8 +411,7 @@ OUTPUT_KEYS = ("results", "plots_dir", "no_write", "report_only", "output_dir")
 
 def main(argv=None):
     cfg = parse_config(argv)
-    output_dir = pathlib.Path(cfg["output_dir"])
-    output_dir.mkdir(parents=True, exist_ok=True)
+    output_dir = pathlib.Path(cfg["output_dir"])  # claim_output_dir creates it; --report-only only reads it
     # The run's own command and settings: --report-only reports them, whatever else it is given.
     saved, command_file = output_dir / "config.json", output_dir / "command.txt"
     if not cfg["report_only"]:
