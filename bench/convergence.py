@@ -275,12 +275,12 @@ def section(summary: dict, cfg: dict, command: str) -> str:
                 "no block is seen twice)" if available else f" from `{dataset}`")
              + f"; {precision_text(runs)}; validation every {cfg['eval_steps']} steps on the same "
              f"{cfg['eval_batches'] * 2 * cfg['batch'] * cfg['block']:,} held-out tokens for every run. "
-             f"{cfg['jobs']} runs in parallel, {cfg['threads']} thread(s) each.", ""]
+             f"{rf.counted(cfg['jobs'], 'run')} in parallel, {rf.counted(cfg['threads'], 'thread')} each.", ""]
     if cfg.get("changed"):
         lines += [f"Settings that differ from `--size {cfg.get('size', 'default')}`: "
                   + ", ".join(f"{k} {v} (default {d})" for k, (v, d) in cfg["changed"].items()) + ".", ""]
     if partial:
-        lines += [f"**Partial**: {len(partial)} planned run(s) had not finished when this was written "
+        lines += [f"**Partial**: {rf.counted(len(partial), 'planned run')} had not finished when this was written "
                   f"({', '.join(run_name(s) for s in partial[:8])}{', …' if len(partial) > 8 else ''})"
                   + (", and the seeds and ablations that follow an unsettled sweep are not counted"
                      if any(s["best"] is None for s in summary["sweep"].values()) else "")
@@ -292,9 +292,9 @@ def section(summary: dict, cfg: dict, command: str) -> str:
         inside = "—" if s["best"] is None else ("**no: best at the edge after extending**" if s["edge"] else "yes")
         lines.append(f"| {arch} | {cells or '—'} | {'—' if s['best'] is None else format(s['best'], 'g')}"
                      f"{' (sweep unfinished)' if s['best'] is None and s['runs'] else ''} | {inside} |")
-    seeds = f"{cfg['seeds']} seed{'s' if cfg['seeds'] > 1 else ''}"
-    lines += ["", f"At the best rate, {seeds} (median, range over seeds); speed-up per seed = tokens "
-              "GPT+ (same seed) needs to reach its final loss / tokens the architecture needs to reach it:", "",
+    lines += ["", f"At the best rate, {rf.counted(cfg['seeds'], 'seed')} (median, range over seeds); speed-up per "
+              "seed = tokens GPT+ (same seed) needs to reach its final loss / tokens the architecture needs to reach "
+              "it:", "",
               "| architecture | best lr | seeds done | final val loss | speed-up vs GPT+ |", "|---|---|---|---|---|"]
     for arch, by_seed in summary["seeds"].items():
         finals = [r["final"] for r in by_seed.values()]
@@ -341,8 +341,7 @@ def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
         tokens = [t for t, _ in runs[0]["curve"][:length]]
         losses = [[r["curve"][i][1] for r in runs] for i in range(length)]
         line, = curves.plot(tokens, [statistics.median(x) for x in losses],
-                            label=f"{arch} lr {summary['sweep'][arch]['best']:g} ({len(runs)} seed"
-                            f"{'s' if len(runs) > 1 else ''})")
+                            label=f"{arch} lr {summary['sweep'][arch]['best']:g} ({rf.counted(len(runs), 'seed')})")
         curves.fill_between(tokens, [min(x) for x in losses], [max(x) for x in losses], alpha=0.25,
                             color=line.get_color())
         finals += [x for x in losses[-1]] + [statistics.median(x) for x in losses[length // 4:length // 4 + 1]]

@@ -122,10 +122,10 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              + ("" if cfg["lr"] == BEST_4_LAYER_LR else f"{cfg['lr'] / BEST_4_LAYER_LR:g} × ")
              + f"anGPT's best rate in the convergence benchmark's 4-layer sweep), {cfg['steps']} steps × "
              f"{cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run, {seeds}, "
-             f"{convergence.precision_text(results)}; {cfg['jobs']} run{'s' if cfg['jobs'] > 1 else ''} in parallel, "
-             f"{cfg['threads']} thread(s) each. diverged = seeds whose loss or gradient became non-finite (and the "
-             "step); the losses and norms are medians over the seeds that finished (range when several); rise = "
-             f"largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out tokens "
+             f"{convergence.precision_text(results)}; {rf.counted(cfg['jobs'], 'run')} in parallel, "
+             f"{rf.counted(cfg['threads'], 'thread')} each. diverged = seeds whose loss or gradient became non-finite "
+             "(and the step); the losses and norms are medians over the seeds that finished (range when several); "
+             f"rise = largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out tokens "
              "each time) above its running minimum and grad = largest gradient norm before clipping (logged every 10 "
              "steps), both over every seed; ‖h‖ = mean norm of the residual stream on held-out text after training "
              "(1 at initialisation), leaving the last layer and its smallest value over the layers.", "",

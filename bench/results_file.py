@@ -16,6 +16,11 @@ RESULTS = HERE / "RESULTS.md"
 PLOTS = HERE / "plots"
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 seed', '3 seeds': the count with its noun in the right number, in tables, headings and legends."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def update_section(name: str, body: str, path: pathlib.Path | str = RESULTS) -> None:
     """Replace the section `name` (or append it) and leave the other sections alone."""
     path = pathlib.Path(path)
@@ -120,7 +125,8 @@ def machine_line(device: str = "cpu") -> str:
     import torch
     import transformers
 
-    what = gpu_name(device) or f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+    what = gpu_name(device) or (f"{cpu_name()}, {counted(os.cpu_count() or 1, 'core')}, "
+                                f"{counted(torch.get_num_threads(), 'torch thread')}")
     return (f"Machine: {what}; Python {platform.python_version()}, torch {torch.__version__}, "
             f"transformers {transformers.__version__}; load average (1/5/15 min) {load_average()} when written.")
 

@@ -39,8 +39,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))
 
-from results_file import (add_output_arguments, command_line, cpu_name, gpu_name, help_description,  # noqa: E402
-                          plot_link, save_figure, update_section)
+from results_file import (add_output_arguments, command_line, counted, cpu_name, gpu_name,  # noqa: E402
+                          help_description, plot_link, save_figure, update_section)
 
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
@@ -302,8 +302,8 @@ def main(argv=None) -> dict:
         seed_cell = f"seed{'s' if seeds > 1 else ''} {', '.join(map(str, seed_ids))}"
         compared += f", {seed_cell}"
     lines = [f"## Semantic focus: {compared} ({name} profile, {args.backbone} backbone)", "",
-             f"`{command}` on {machine(args.device)}; {len(runs)} runs, {args.jobs} in parallel with {args.threads} "
-             f"thread(s) each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
+             f"`{command}` on {machine(args.device)}; {len(runs)} runs, {args.jobs} in parallel with "
+             f"{counted(args.threads, 'thread')} each, {wall / 60:.1f} min wall clock{_run_time(runs)}.", "",
              f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, Ram et al.): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",

@@ -71,7 +71,7 @@ def test_convergence_second_section(bench, tmp_path):
     # two panels (curves, sweep) at 5 inches × 110 dpi each: no empty ablation panel for a run without ablations
     assert matplotlib.image.imread(tmp_path / "plots" / "convergence_long.png").shape[1] == 2 * 5 * 110
     assert "Settings that differ from `--size default`: " in text and "steps 2 (default 500)" in text
-    assert "At the best rate, 1 seed (median" in text
+    assert "At the best rate, 1 seed (median" in text and " 1 run in parallel, " in text  # counts in the right number
     results.write_text("# Benchmark results\n")
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
     assert "<!-- convergence_long:start -->" in results.read_text()
