@@ -125,10 +125,10 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
              f"{convergence.precision_text(results)}; {rf.counted(cfg['jobs'], 'run')} in parallel, "
              f"{rf.counted(cfg['threads'], 'thread')} each. diverged = seeds whose loss or gradient became non-finite "
              "(and the step); the losses and norms are medians over the seeds that finished (range when several); "
-             f"rise = largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out tokens "
-             "each time) above its running minimum and grad = largest gradient norm before clipping (logged every 10 "
-             "steps), both over every seed; ‖h‖ = mean norm of the residual stream on held-out text after training "
-             "(1 at initialisation), leaving the last layer and its smallest value over the layers.", "",
+             f"rise = largest increase of the validation loss (every {cfg['eval_steps']} steps, the same held-out "
+             "tokens each time) above its running minimum and grad = largest gradient norm before clipping (logged "
+             "every 10 steps), both over every seed; ‖h‖ = mean norm of the residual stream on held-out text after "
+             "training (1 at initialisation), leaving the last layer and its smallest value over the layers.", "",
              "| layers | α init | α·L | ν(α) | diverged | final val loss | Δ off − on | rise | grad | ‖h‖ last layer | "
              "min ‖h‖ |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     settings: dict[tuple, list] = {}
