@@ -7,7 +7,8 @@ nGPT and anGPT Adam with neither; cosine to 0.01 × peak; clip 1.0) at every lea
 starts as a factor-2 grid around a centre and grows by a factor 2 past whichever edge is best, up to
 --max-extend times per architecture; a best rate still on an edge after that is reported as such. Then
 --seeds seeds run at each best rate, and the anGPT ablations at anGPT's best rate: α init 0.01 (vs 0.05),
-no ν(α) on the LERP residual, and a 5 % warm-up.
+no ν(α) on the LERP residual, and a 5 % warm-up, among others; each at seeds 0 to --ablation-seeds − 1, compared
+with anGPT's run of the same seed.
 
 speed-up (per seed) = tokens GPT+ needs to reach its final validation loss / tokens the other needs to reach
 that loss (linear interpolation between evaluations); reported as the median and range over seeds.
@@ -51,7 +52,7 @@ SIZES = {
 # What a finished run's result depends on beyond its name (architecture, lr, seed, ablation; a depth run's layers
 # and α): one output folder, one setting (results_file.claim_output_dir).
 SETTINGS = ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches", "recipe", "dataset")
-# anGPT ablations (SPEC §1.3 [flag]s), each one change from anGPT's recipe at its best learning rate, seed 0.
+# anGPT ablations (SPEC §1.3 [flag]s), each one change from anGPT's recipe at its best learning rate.
 ABLATIONS = {"alpha0.01": ("α init 0.01", ["model_kwargs.alpha_init=0.01"]),
              "no_nu": ("no ν(α) on the residual", ["model_kwargs.alpha_nu=false"]),
              "warmup": ("5 % linear warm-up", ["warmup_ratio=0.05"]),
@@ -160,8 +161,9 @@ def needed_runs(results: list[dict], cfg: dict) -> list[dict]:
         if best is None:
             continue
         needed += [{"arch": arch, "lr": best, "seed": s} for s in range(1, cfg["seeds"])]
-        if arch == "angpt" and cfg["ablations"]:
-            needed += [{"arch": arch, "lr": best, "seed": 0, "ablation": name} for name in ABLATIONS]
+        if arch == "angpt" and cfg["ablations"]:  # seed-major: a sweep cut short has every ablation at seed 0
+            needed += [{"arch": arch, "lr": best, "seed": s, "ablation": name}
+                       for s in range(cfg.get("ablation_seeds", 1)) for name in ABLATIONS]
     return sorted(needed, key=lambda s: (s["seed"] > 0 or "ablation" in s) + ("ablation" in s))
 
 
@@ -243,12 +245,11 @@ def summarise(results: list[dict], cfg: dict) -> dict:
             if mine and theirs:
                 ratios.append(theirs / mine)
         out["speedup"][arch] = {"ratios": ratios, "not_reached": sum(m is None for m in reached)}
-    if "angpt" in out["seeds"] and 0 in out["seeds"]["angpt"]:
-        baseline = out["seeds"]["angpt"][0]
-        for r in results:
-            if r.get("ablation"):
-                out["ablations"][r["ablation"]] = {**r, "tokens_to_baseline": tokens_to_reach(r["curve"],
-                                                                                              baseline["final"])}
+    baselines = out["seeds"].get("angpt", {})
+    for r in results:  # an ablation counts once anGPT's run of its seed (its baseline) has finished
+        if r.get("ablation") and r["seed"] in baselines:
+            out["ablations"].setdefault(r["ablation"], {})[r["seed"]] = {
+                **r, "tokens_to_baseline": tokens_to_reach(r["curve"], baselines[r["seed"]]["final"])}
     return out
 
 
@@ -305,21 +306,46 @@ def section(summary: dict, cfg: dict, command: str) -> str:
         lines.append(f"| {arch} | {summary['sweep'][arch]['best']:g} | {len(by_seed)}/{cfg['seeds']} | "
                      f"{spread(finals, '.3f')} | {speed} |")
     if summary["ablations"] or cfg["ablations"]:
-        base = summary["seeds"].get("angpt", {}).get(0)
-        lines += ["", "anGPT ablations at anGPT's best rate, seed 0 (baseline: the recipe's defaults, α init 0.05, ν(α) on, no warm-up, "
-                  "s_z speed 256, width rule"
-                  + (f", final loss {base['final']:.3f}" if base else "") + "):", "",
-                  "| ablation | final val loss | Δ vs baseline | tokens to the baseline's final loss |", "|---|---|---|---|"]
-        for key, (name, _) in ABLATIONS.items():
-            r = summary["ablations"].get(key)
-            if r is None:
-                lines.append(f"| {name} | not run yet | | |")
-                continue
-            delta = f"{r['final'] - base['final']:+.3f}" if base and not r["diverged"] else "—"
-            reach = f"{r['tokens_to_baseline']:,.0f}" if r["tokens_to_baseline"] else "not reached"
-            lines.append(f"| {name} | {'diverged' if r['diverged'] else format(r['final'], '.3f')} | {delta} | {reach} |")
+        lines += ["", *ablation_table(summary, cfg.get("ablation_seeds", 1))]
     lines += ["", f"![validation loss against tokens, seed band = min–max over seeds]({cfg['plot_link']})"]
     return "\n".join(lines)
+
+
+def ablation_table(summary: dict, seeds: int) -> list[str]:
+    """The anGPT ablations against anGPT's run of the same seed: one seed's figures, or median (range) over seeds."""
+    baselines = summary["seeds"].get("angpt", {})
+    base = [baselines[s]["final"] for s in range(seeds) if s in baselines]
+
+    def cell(values: list[float], fmt: str) -> str:
+        if seeds > 1:  # "(1 seed)" while the other seeds are still running
+            return spread(values, fmt)
+        return format(values[0], fmt) if values else "—"
+
+    many = seeds > 1  # a "seeds done" column
+    lines = [f"anGPT ablations at anGPT's best rate, {f'seeds 0–{seeds - 1}' if many else 'seed 0'} "
+             "(baseline: the recipe's defaults, α init 0.05, ν(α) on, no warm-up, s_z speed 256, width rule"
+             + (f", final loss {cell(base, '.3f')}" if base else "") + "; Δ and tokens against the baseline's run "
+             "of the same seed):", "",
+             "| ablation | " + "seeds done | " * many + "final val loss | Δ vs baseline | "
+             "tokens to the baseline's final loss |", "|---|---|---|---|" + "---|" * many]
+    for key, (name, _) in ABLATIONS.items():
+        by_seed = summary["ablations"].get(key, {})
+        if not by_seed:
+            lines.append(f"| {name} | not run yet | | |" + " |" * many)
+            continue
+        runs = [by_seed[s] for s in sorted(by_seed)]
+        stable = [r for r in runs if not r["diverged"]]
+        final = cell([r["final"] for r in stable], ".3f") if stable else "diverged"
+        if stable and len(stable) < len(runs):
+            final += f"; diverged in {rf.counted(len(runs) - len(stable), 'seed')}"
+        delta = cell([r["final"] - baselines[r["seed"]]["final"] for r in stable], "+.3f")
+        reached = [r["tokens_to_baseline"] for r in stable if r["tokens_to_baseline"]]
+        reach = cell(reached, ",.0f") if reached else "not reached"
+        if reached and len(reached) < len(stable):  # a diverged seed is counted once, in the loss column
+            reach += f"; not reached in {rf.counted(len(stable) - len(reached), 'seed')}"
+        done = f"{len(runs)}/{seeds} | " * many
+        lines.append(f"| {name} | {done}{final} | {delta} | {reach} |")
+    return lines
 
 
 def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
@@ -359,7 +385,8 @@ def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
         sweep.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for ablation in ablation_axes:  # none when the run has no ablations
         base = summary["seeds"].get("angpt", {}).get(0)
-        for name, r in [("baseline", base)] + [(ABLATIONS[k][0], r) for k, r in summary["ablations"].items()]:
+        for name, r in [("baseline", base)] + [(ABLATIONS[k][0], by_seed.get(0))
+                                           for k, by_seed in summary["ablations"].items()]:
             if r and r["curve"]:
                 ablation.plot(*zip(*r["curve"]), label=name + (" (diverged)" if r.get("diverged") else ""))
         if base:
@@ -385,6 +412,7 @@ def parse_config(argv) -> dict:
     parser.add_argument("--max-extend", type=int, default=2, help="extra rates past an edge, per architecture")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--no-ablations", dest="ablations", action="store_false")
+    parser.add_argument("--ablation-seeds", type=int, default=1, help="seeds per anGPT ablation (0 to N−1)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("--output-dir", default="runs/convergence")
@@ -396,10 +424,14 @@ def parse_config(argv) -> dict:
     args = parser.parse_args(argv)
     cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
     cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
-    defaults = {**SIZES[cfg["size"]], **{k: parser.get_default(k) for k in ("grid_points", "max_extend", "seeds")}}
+    defaults = {**SIZES[cfg["size"]],
+                **{k: parser.get_default(k) for k in ("grid_points", "max_extend", "seeds", "ablation_seeds")}}
     cfg["changed"] = {k: [cfg[k], v] for k, v in defaults.items() if cfg[k] != v}
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     cfg["archs"] = [a for a in ARCHS if a in args.archs]
+    if not 1 <= cfg["ablation_seeds"] <= cfg["seeds"]:
+        parser.error(f"--ablation-seeds must be between 1 and --seeds ({cfg['seeds']}): each ablation is compared "
+                     "with anGPT's run of the same seed")
     if "gptplus" not in cfg["archs"]:
         parser.error("--archs must include gptplus: speed-ups are measured against it")
     return cfg

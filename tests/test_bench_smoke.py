@@ -3,6 +3,7 @@ section into a RESULTS.md and its PNG into a plots directory under tmp_path, nev
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -78,6 +79,41 @@ def test_convergence_second_section(bench, tmp_path):
     with pytest.raises(SystemExit, match=r"convergence.py: --output-dir .*runs holds runs made with other settings "
                                          r"\(steps 2, not 3\); pick another --output-dir"):
         convergence.main([*args, "--steps", "3", *out])
+
+
+def test_convergence_ablation_seeds(bench, capsys):
+    """--ablation-seeds N runs every ablation at seeds 0 to N−1 (seed 0 for all first) and compares each with anGPT's
+    run of the same seed; the table gives median (range) over seeds and counts the seeds that diverged."""
+    import convergence
+
+    cfg = convergence.parse_config(["--grid-points", "1", "--max-extend", "0", "--seeds", "3", "--ablation-seeds",
+                                    "2", "--archs", "gptplus", "angpt"])
+
+    def run(arch, seed, final, ablation=None, diverged=False):
+        curve = [(0, 6.0), (100, final)]
+        return {"arch": arch, "lr": cfg["centre"][arch], "seed": seed, "final": math.inf if diverged else final,
+                "diverged": diverged, "curve": curve, **({"ablation": ablation} if ablation else {})}
+
+    swept = [run("gptplus", 0, 4.5), run("angpt", 0, 4.0)]
+    planned = [(s["seed"], s.get("ablation")) for s in convergence.needed_runs(swept, cfg)]
+    names = list(convergence.ABLATIONS)
+    assert planned[planned.index((0, names[0])):] == [(0, n) for n in names] + [(1, n) for n in names]
+    assert {(1, None), (2, None)} <= set(planned) and not any(s == 2 for s, a in planned if a)
+
+    results = swept + [run("gptplus", 1, 4.6), run("angpt", 1, 4.1),
+                       run("angpt", 0, 4.2, "alpha0.01"), run("angpt", 1, 4.4, "alpha0.01"),
+                       run("angpt", 0, 3.9, "no_nu"), run("angpt", 1, 0, "no_nu", diverged=True),
+                       run("angpt", 2, 3.0, "warmup")]  # no baseline of seed 2 yet: not counted
+    table = "\n".join(convergence.ablation_table(convergence.summarise(results, cfg), cfg["ablation_seeds"]))
+    assert "seeds 0–1 (baseline: " in table and "final loss 4.050 (4.000–4.100)" in table
+    assert "| α init 0.01 | 2/2 | 4.300 (4.200–4.400) | +0.250 (+0.200–+0.300) | not reached |" in table
+    # 6.0 → 3.9 over 100 tokens crosses the baseline's 4.0 at 100 × 2.0 / 2.1
+    assert "| no ν(α) on the residual | 2/2 | 3.900 (1 seed); diverged in 1 seed | -0.100 (1 seed) | 95 (1 seed) |" \
+        in table
+    assert "| 5 % linear warm-up | not run yet | | | |" in table
+    with pytest.raises(SystemExit):
+        convergence.parse_config(["--seeds", "2", "--ablation-seeds", "3"])
+    assert "--ablation-seeds must be between 1 and --seeds (2)" in capsys.readouterr().err
 
 
 def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
