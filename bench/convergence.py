@@ -217,7 +217,8 @@ def spread(values: list[float], fmt: str, unit: str = "") -> str:
     f = lambda x: format(x, fmt) + unit  # noqa: E731
     if len(values) == 1:
         return f(values[0]) + " (1 seed)"
-    return f"{f(statistics.median(values))} ({f(min(values))}–{f(max(values))})"
+    between = " to " if fmt.startswith("+") else "–"  # signed figures: "-0.057 to -0.042", not "-0.057–-0.042"
+    return f"{f(statistics.median(values))} ({f(min(values))}{between}{f(max(values))})"
 
 
 def summarise(results: list[dict], cfg: dict) -> dict:

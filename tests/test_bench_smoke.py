@@ -106,7 +106,7 @@ def test_convergence_ablation_seeds(bench, capsys):
                        run("angpt", 2, 3.0, "warmup")]  # no baseline of seed 2 yet: not counted
     table = "\n".join(convergence.ablation_table(convergence.summarise(results, cfg), cfg["ablation_seeds"]))
     assert "seeds 0–1 (baseline: " in table and "final loss 4.050 (4.000–4.100)" in table
-    assert "| α init 0.01 | 2/2 | 4.300 (4.200–4.400) | +0.250 (+0.200–+0.300) | not reached |" in table
+    assert "| α init 0.01 | 2/2 | 4.300 (4.200–4.400) | +0.250 (+0.200 to +0.300) | not reached |" in table
     # 6.0 → 3.9 over 100 tokens crosses the baseline's 4.0 at 100 × 2.0 / 2.1
     assert "| no ν(α) on the residual | 2/2 | 3.900 (1 seed); diverged in 1 seed | -0.100 (1 seed) | 95 (1 seed) |" \
         in table
