@@ -161,7 +161,7 @@ def needed_runs(results: list[dict], cfg: dict) -> list[dict]:
         if best is None:
             continue
         needed += [{"arch": arch, "lr": best, "seed": s} for s in range(1, cfg["seeds"])]
-        if arch == "angpt" and cfg["ablations"]:  # seed-major: a sweep cut short has every ablation at seed 0
+        if arch == "angpt" and cfg["ablations"]:  # seed-major: a command cut short leaves seed 0 of every ablation
             needed += [{"arch": arch, "lr": best, "seed": s, "ablation": name}
                        for s in range(cfg.get("ablation_seeds", 1)) for name in ABLATIONS]
     return sorted(needed, key=lambda s: (s["seed"] > 0 or "ablation" in s) + ("ablation" in s))
