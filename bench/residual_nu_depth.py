@@ -28,6 +28,7 @@ import pathlib
 import statistics
 
 import convergence
+import convergence_runs
 import results_file as rf
 
 BEST_4_LAYER_LR = 8e-3  # anGPT's best peak rate in the convergence benchmark's sweep (bench/RESULTS.md)
@@ -78,7 +79,7 @@ def largest_gradient(cfg: dict, run: dict) -> float | None:
     log."""
     from modeling_angpt.training.metrics import read_metrics
 
-    rows = read_metrics(pathlib.Path(cfg["output_dir"]) / convergence.run_name(run) / "metrics.jsonl")
+    rows = read_metrics(pathlib.Path(cfg["output_dir"]) / convergence_runs.run_name(run) / "metrics.jsonl")
     return max((r["grad_norm"] for r in rows if "grad_norm" in r), default=None)
 
 
@@ -110,7 +111,7 @@ def row(runs: list[dict], on_finals: list[float], cfg: dict) -> str:
 
 
 def section(results: list[dict], cfg: dict, command: str) -> str:
-    by_name = {convergence.run_name(r): r for r in results}
+    by_name = {convergence_runs.run_name(r): r for r in results}
     tokens = cfg["steps"] * cfg["batch"] * cfg["block"]
     seed_numbers = seed_range(cfg)
     seeds = (f"seed {seed_numbers[0]}" if len(seed_numbers) == 1
@@ -134,7 +135,7 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
     settings: dict[tuple, list] = {}
     for spec in planned(cfg["pairs"], cfg["lr"], seed_numbers):
         runs = settings.setdefault(setting(spec), [])  # every planned setting gets a row, finished or not
-        if (name := convergence.run_name(spec)) in by_name:
+        if (name := convergence_runs.run_name(spec)) in by_name:
             runs.append(by_name[name])
     for (layers, alpha, off), runs in settings.items():
         head = f"| {layers} | {alpha:g} | {layers * alpha:.2f} | {'off' if off else 'on'} | "
@@ -229,7 +230,7 @@ def parse_config(argv) -> dict:
 
 def main(argv=None):
     cfg = parse_config(argv)
-    rf.claim_output_dir("residual_nu_depth.py", cfg["output_dir"], {k: cfg[k] for k in convergence.SETTINGS})
+    rf.claim_output_dir("residual_nu_depth.py", cfg["output_dir"], {k: cfg[k] for k in convergence_runs.SETTINGS})
     command = rf.command_line("residual_nu_depth.py", argv)
     png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)
@@ -240,10 +241,11 @@ def main(argv=None):
     torch.set_num_threads(cfg["threads"])  # the machine line names the runs' thread count
 
     specs = planned(cfg["pairs"], cfg["lr"], seed_range(cfg))
-    wanted = {convergence.run_name(s) for s in specs}
+    wanted = {convergence_runs.run_name(s) for s in specs}
 
     def report(results: list[dict]) -> str:
-        results = [r for r in results if convergence.run_name(r) in wanted]  # the folder may hold other pairs' runs
+        # the folder may hold other pairs' runs
+        results = [r for r in results if convergence_runs.run_name(r) in wanted]
         cfg["machine"] = rf.machine_line()
         text = section(results, cfg, command)
         if not cfg["no_write"]:
@@ -251,7 +253,7 @@ def main(argv=None):
             rf.update_section(cfg["section"], text, cfg["results"])
         return text
 
-    convergence.prepare_data(cfg)
+    convergence_runs.prepare_data(cfg)
     # execute skips every run already finished in the folder, so the plan is simply all of this command's runs
     print(report(convergence.execute(cfg, report, lambda results, cfg: specs)))
 

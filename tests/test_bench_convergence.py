@@ -1,0 +1,147 @@
+"""The convergence and residual-ν(α)-depth benchmarks run end to end at a smoke size, so the scripts cannot rot;
+their planning and tables are checked on made-up runs. Outputs go under tmp_path, never into bench/."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from bench_fixtures import TINY, bench  # noqa: F401 (fixture)
+
+
+def test_convergence_smoke(bench, tmp_path):
+    out, results, corpus, recipe = bench
+    import convergence
+
+    convergence.main([*TINY, "--block", "32", "--batch", "4", "--steps", "4", "--eval-steps", "2",
+                      "--eval-batches", "1", "--grid-points", "1", "--max-extend", "1", "--seeds", "2",
+                      "--archs", "gptplus", "angpt", "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe),
+                      "--output-dir", str(tmp_path / "runs"), *out])
+    text = results.read_text()
+    assert "<!-- convergence:start -->" in text and "| angpt |" in text and "no ν(α)" in text
+    assert "best at the edge" in text  # one rate, one extension: the edge is reported
+    assert "; float32; validation every" in text  # the smoke recipe's precision, named from the runs
+    assert (tmp_path / "plots" / "convergence.png").is_file()
+    # --report-only rewrites the section from the cached runs without training
+    convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
+
+
+def test_convergence_second_section(bench, tmp_path):
+    """--section and --title give a second setting a section and plot of its own, which --report-only keeps
+    rewriting; a folder holding runs of other settings is refused in one line, not resumed from."""
+    out, results, corpus, recipe = bench
+    import convergence
+
+    args = [*TINY, "--block", "32", "--batch", "4", "--steps", "2", "--eval-steps", "1", "--eval-batches", "1",
+            "--grid-points", "1", "--max-extend", "0", "--seeds", "1", "--no-ablations", "--archs", "gptplus",
+            "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs")]
+    convergence.main([*args, "--section", "convergence_long", "--title", ", two steps", *out])
+    text = results.read_text()
+    assert "<!-- convergence_long:start -->\n## Convergence, two steps: tokens to GPT+'s" in text
+    assert "<!-- convergence:start -->" not in text
+    assert "](plots/convergence_long.png)" in text
+    import matplotlib.image
+
+    # two panels (curves, sweep) at 5 inches × 110 dpi each: no empty ablation panel for a run without ablations
+    assert matplotlib.image.imread(tmp_path / "plots" / "convergence_long.png").shape[1] == 2 * 5 * 110
+    assert "Settings that differ from `--size default`: " in text and "steps 2 (default 500)" in text
+    assert "At the best rate, 1 seed (median" in text and " 1 run in parallel, " in text  # counts in the right number
+    results.write_text("# Benchmark results\n")
+    convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
+    assert "<!-- convergence_long:start -->" in results.read_text()
+    with pytest.raises(SystemExit, match=r"convergence.py: --output-dir .*runs holds runs made with other settings "
+                                         r"\(steps 2, not 3\); pick another --output-dir"):
+        convergence.main([*args, "--steps", "3", *out])
+
+
+def test_convergence_ablation_seeds(bench, capsys):
+    """--ablation-seeds N runs every ablation at seeds 0 to N−1 (seed 0 for all first) and compares each with anGPT's
+    run of the same seed; the table gives median (range) over seeds and counts the seeds that diverged."""
+    import convergence
+
+    cfg = convergence.parse_config(["--grid-points", "1", "--max-extend", "0", "--seeds", "3", "--ablation-seeds",
+                                    "2", "--archs", "gptplus", "angpt"])
+
+    def run(arch, seed, final, ablation=None, diverged=False):
+        curve = [(0, 6.0), (100, final)]
+        return {"arch": arch, "lr": cfg["centre"][arch], "seed": seed, "final": math.inf if diverged else final,
+                "diverged": diverged, "curve": curve, **({"ablation": ablation} if ablation else {})}
+
+    swept = [run("gptplus", 0, 4.5), run("angpt", 0, 4.0)]
+    planned = [(s["seed"], s.get("ablation")) for s in convergence.needed_runs(swept, cfg)]
+    names = list(convergence.ABLATIONS)
+    assert planned[planned.index((0, names[0])):] == [(0, n) for n in names] + [(1, n) for n in names]
+    assert {(1, None), (2, None)} <= set(planned) and not any(s == 2 for s, a in planned if a)
+
+    results = swept + [run("gptplus", 1, 4.6), run("angpt", 1, 4.1),
+                       run("angpt", 0, 4.2, "alpha0.01"), run("angpt", 1, 4.4, "alpha0.01"),
+                       run("angpt", 0, 3.9, "no_nu"), run("angpt", 1, 0, "no_nu", diverged=True),
+                       run("angpt", 2, 3.0, "warmup")]  # no baseline of seed 2 yet: not counted
+    table = "\n".join(convergence.ablation_table(convergence.summarise(results, cfg), cfg["ablation_seeds"]))
+    assert "seeds 0–1 (baseline: " in table and "final loss 4.050 (4.000–4.100)" in table
+    assert "| α init 0.01 | 2/2 | 4.300 (4.200–4.400) | +0.250 (+0.200 to +0.300) | not reached |" in table
+    # 6.0 → 3.9 over 100 tokens crosses the baseline's 4.0 at 100 × 2.0 / 2.1
+    assert "| no ν(α) on the residual | 2/2 | 3.900 (1 seed); diverged in 1 seed | -0.100 (1 seed) | 95 (1 seed) |" \
+        in table
+    assert "| 5 % linear warm-up | not run yet | | | |" in table
+    with pytest.raises(SystemExit):
+        convergence.parse_config(["--seeds", "2", "--ablation-seeds", "3"])
+    assert "--ablation-seeds must be between 1 and --seeds (2)" in capsys.readouterr().err
+
+
+def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
+    """A smoke-size residual_nu_depth command line: a tiny model, `steps` steps, one LAYERS:ALPHA pair."""
+    out, _, corpus, recipe = bench
+    return ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
+            "--steps", str(steps), "--eval-steps", str(steps // 2), "--eval-batches", "1", "--pairs", pair,
+            "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe),
+            "--output-dir", str(tmp_path / "runs"), *out]
+
+
+def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
+    """ν(α) on and off at each depth, side by side; without ν(α) the stream leaves every LERP shorter by about
+    √((1 − α)² + α²) (SPEC §1.3), which the per-layer norms of the trained models show."""
+    _, results, _, _ = bench
+    import residual_nu_depth
+
+    alpha = 0.2  # large (α·L at the 0.4 limit), so that the shrinkage stands clear of what 4 steps change
+    args = residual_nu_depth_args(bench, tmp_path, steps=4, pair=f"2:{alpha}")
+    residual_nu_depth.main(args)
+    text = results.read_text()
+    assert "<!-- residual_nu_depth:start -->" in text and "| 2 | 0.2 | 0.40 | on |" in text
+    assert "| 2 | 0.2 | 0.40 | off |" in text and "not run yet" not in text
+    runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")}
+    on, off = runs["angpt-L2-a0.2-lr0.008-s0"]["stream_norms"], runs["angpt-L2-a0.2-lr0.008-s0-no_nu"]["stream_norms"]
+    assert len(on) == len(off) == 3  # the embedding, then each layer's output
+    per_update = ((1 - alpha) ** 2 + alpha ** 2) ** 0.5  # two residual updates per layer
+    for layer in (1, 2):
+        assert off[layer] / off[layer - 1] == pytest.approx(per_update ** 2, rel=0.1)
+        assert on[layer] / on[layer - 1] == pytest.approx(1.0, rel=0.1)
+    assert (tmp_path / "plots" / "residual_nu_depth.png").is_file()
+    # a run that overflows is reported with the step it stopped at, not as a loss
+    residual_nu_depth.main(args + ["--lr", "1e30", "--output-dir", str(tmp_path / "runs-overflow")])
+    assert "| on | 1/1 (step " in results.read_text() or "| off | 1/1 (step " in results.read_text()
+    # a folder holding runs of other settings is refused in one line, not resumed from
+    with pytest.raises(SystemExit, match=r"--output-dir .*runs holds runs made with other settings \(steps 4, not 5\)"):
+        residual_nu_depth.main(args + ["--steps", "5"])
+    # a rerun finds both runs finished and trains nothing
+    import convergence
+
+    monkeypatch.setattr(convergence, "run_one", lambda spec, cfg: pytest.fail(f"retrained {spec}"))
+    residual_nu_depth.main(args)
+    assert "| 2 | 0.2 | 0.40 | off |" in results.read_text()
+
+
+def test_residual_nu_depth_first_seed(bench, tmp_path, capsys):
+    """--first-seed runs a later seed alone (a long setting one seed at a time), and the section names that seed."""
+    _, results, _, _ = bench
+    import residual_nu_depth
+
+    args = residual_nu_depth_args(bench, tmp_path, steps=2, pair="2:0.1")
+    residual_nu_depth.main(args + ["--first-seed", "2"])
+    assert sorted(p.name for p in (tmp_path / "runs").glob("angpt-*")) == [
+        "angpt-L2-a0.1-lr0.008-s2", "angpt-L2-a0.1-lr0.008-s2-no_nu"]
+    assert "training tokens per run, seed 2, " in results.read_text()
+    with pytest.raises(SystemExit):
+        residual_nu_depth.main(args + ["--seeds", "0"])
+    assert "--seeds must be at least 1 and --first-seed at least 0, got 0 and 0" in capsys.readouterr().err
