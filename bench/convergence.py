@@ -83,7 +83,7 @@ def needed_runs(results: list[dict], cfg: dict) -> list[dict]:
         needed += [{"arch": arch, "lr": best, "seed": s} for s in range(1, cfg["seeds"])]
         if arch == "angpt" and cfg["ablations"]:  # seed-major: a command cut short leaves seed 0 of every ablation
             needed += [{"arch": arch, "lr": best, "seed": s, "ablation": name}
-                       for s in range(cfg.get("ablation_seeds", 1)) for name in ABLATIONS]
+                       for s in range(cfg["ablation_seeds"]) for name in ABLATIONS]
     return sorted(needed, key=lambda s: (s["seed"] > 0 or "ablation" in s) + ("ablation" in s))
 
 
@@ -126,13 +126,13 @@ def tokens_to_reach(curve, target: float) -> float | None:
     return None
 
 
-def spread(values: list[float], fmt: str, unit: str = "") -> str:
-    """Median (min–max) over seeds."""
+def spread(values: list[float], fmt: str, unit: str = "", *, mark_one: bool = True) -> str:
+    """Median (min–max) over seeds; a single value is marked "(1 seed)" unless `mark_one` is false."""
     if not values:
         return "—"
     f = lambda x: format(x, fmt) + unit  # noqa: E731
     if len(values) == 1:
-        return f(values[0]) + " (1 seed)"
+        return f(values[0]) + " (1 seed)" * mark_one
     between = " to " if fmt.startswith("+") else "–"  # signed figures: "-0.057 to -0.042", not "-0.057–-0.042"
     return f"{f(statistics.median(values))} ({f(min(values))}{between}{f(max(values))})"
 
@@ -223,7 +223,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
         lines.append(f"| {arch} | {summary['sweep'][arch]['best']:g} | {len(by_seed)}/{cfg['seeds']} | "
                      f"{spread(finals, '.3f')} | {speed} |")
     if summary["ablations"] or cfg["ablations"]:
-        lines += ["", *ablation_table(summary, cfg.get("ablation_seeds", 1))]
+        lines += ["", *ablation_table(summary, cfg["ablation_seeds"])]
     lines += ["", f"![validation loss against tokens, seed band = min–max over seeds]({cfg['plot_link']})"]
     return "\n".join(lines)
 
@@ -232,13 +232,10 @@ def ablation_table(summary: dict, seeds: int) -> list[str]:
     """The anGPT ablations against anGPT's run of the same seed: one seed's figures, or median (range) over seeds."""
     baselines = summary["seeds"].get("angpt", {})
     base = [baselines[s]["final"] for s in range(seeds) if s in baselines]
+    many = seeds > 1  # a "seeds done" column, and "(1 seed)" while the other seeds are still running
 
     def cell(values: list[float], fmt: str) -> str:
-        if seeds > 1:  # "(1 seed)" while the other seeds are still running
-            return spread(values, fmt)
-        return format(values[0], fmt) if values else "—"
-
-    many = seeds > 1  # a "seeds done" column
+        return spread(values, fmt, mark_one=many)
     lines = [f"anGPT ablations at anGPT's best rate, {f'seeds 0–{seeds - 1}' if many else 'seed 0'} "
              "(baseline: the recipe's defaults, α init 0.05, ν(α) on, no warm-up, s_z speed 256, width rule"
              + (f", final loss {cell(base, '.3f')}" if base else "") + "; Δ and tokens against the baseline's run "

@@ -102,7 +102,7 @@ def row(runs: list[dict], on_finals: list[float], cfg: dict) -> str:
     diverged = [r for r in runs if r["diverged"]]
     cells = [f"{len(diverged)}/{len(runs)}" + (f" (step {', '.join(str(r.get('diverged_at')) for r in diverged)})"
                                                if diverged else ""),
-             convergence.spread(finals, ".3f").replace(" (1 seed)", "") if finals else "—",
+             convergence.spread(finals, ".3f", mark_one=False),
              f"{statistics.median(finals) - statistics.median(on_finals):+.3f}" if finals and on_finals else "",
              *(f"{x:.2f}" if x is not None else "—" for x in (rise, grad)),
              *(f"{statistics.median(values):.2f}" if norms else "—"
