@@ -73,7 +73,8 @@ def sweep_state(results: list[dict], arch: str, cfg: dict) -> tuple[list[float],
 
 
 def needed_runs(results: list[dict], cfg: dict) -> list[dict]:
-    """Sweeps first, then seeds, then ablations: a run cut short leaves the most important part done."""
+    """Sweeps first, then seeds, then ablations, each seed-major: a command cut short leaves the most important part
+    done, and whole seeds (every architecture's run of a seed, which the seed-paired speed-up needs)."""
     needed = []
     for arch in cfg["archs"]:
         missing, best, _ = sweep_state(results, arch, cfg)
@@ -84,7 +85,7 @@ def needed_runs(results: list[dict], cfg: dict) -> list[dict]:
         if arch == "angpt" and cfg["ablations"]:  # seed-major: a command cut short leaves seed 0 of every ablation
             needed += [{"arch": arch, "lr": best, "seed": s, "ablation": name}
                        for s in range(cfg["ablation_seeds"]) for name in ABLATIONS]
-    return sorted(needed, key=lambda s: (s["seed"] > 0 or "ablation" in s) + ("ablation" in s))
+    return sorted(needed, key=lambda s: ((s["seed"] > 0 or "ablation" in s) + ("ablation" in s), s["seed"]))
 
 
 def execute(cfg: dict, report, plan=needed_runs) -> list[dict]:

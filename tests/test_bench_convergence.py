@@ -72,6 +72,9 @@ def test_convergence_ablation_seeds(bench, capsys):
     names = list(convergence.ABLATIONS)
     assert planned[planned.index((0, names[0])):] == [(0, n) for n in names] + [(1, n) for n in names]
     assert {(1, None), (2, None)} <= set(planned) and not any(s == 2 for s, a in planned if a)
+    # the extra seeds seed-major too: every architecture's seed 1 before any seed 2 (the speed-up pairs seeds)
+    assert [(s["seed"], s["arch"]) for s in convergence.needed_runs(swept, cfg) if s["seed"] and "ablation" not in s] \
+        == [(1, "gptplus"), (1, "angpt"), (2, "gptplus"), (2, "angpt")]
 
     results = swept + [run("gptplus", 1, 4.6), run("angpt", 1, 4.1),
                        run("angpt", 0, 4.2, "alpha0.01"), run("angpt", 1, 4.4, "alpha0.01"),
