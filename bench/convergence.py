@@ -263,6 +263,19 @@ def ablation_table(summary: dict, seeds: int) -> list[str]:
     return lines
 
 
+def median_band(axis, curves: list[list], label: str) -> list[list[float]]:
+    """Median over seeds as a line, min–max as a band; curves share their evaluation steps (cut to the shortest).
+    Returns the values per evaluation, one per seed."""
+    length = min(len(c) for c in curves)
+    tokens = [t for t, _ in curves[0][:length]]
+    values = [[c[i][1] for c in curves] for i in range(length)]
+    line, = axis.plot(tokens, [statistics.median(v) for v in values], label=label)
+    if len(curves) > 1:
+        axis.fill_between(tokens, [min(v) for v in values], [max(v) for v in values], alpha=0.2,
+                          color=line.get_color())
+    return values
+
+
 def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
     """Validation curves at the best rates, the sweeps, and (unless the run has none) the anGPT ablations."""
     import matplotlib
@@ -276,16 +289,10 @@ def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
     finals = []
     for arch, by_seed in summary["seeds"].items():
         runs = [r for r in by_seed.values() if r["curve"] and not r["diverged"]]
-        if not runs:
-            continue
-        length = min(len(r["curve"]) for r in runs)
-        tokens = [t for t, _ in runs[0]["curve"][:length]]
-        losses = [[r["curve"][i][1] for r in runs] for i in range(length)]
-        line, = curves.plot(tokens, [statistics.median(x) for x in losses],
-                            label=f"{arch} lr {summary['sweep'][arch]['best']:g} ({rf.counted(len(runs), 'seed')})")
-        curves.fill_between(tokens, [min(x) for x in losses], [max(x) for x in losses], alpha=0.25,
-                            color=line.get_color())
-        finals += [x for x in losses[-1]] + [statistics.median(x) for x in losses[length // 4:length // 4 + 1]]
+        if runs:
+            losses = median_band(curves, [r["curve"] for r in runs],
+                                 f"{arch} lr {summary['sweep'][arch]['best']:g} ({rf.counted(len(runs), 'seed')})")
+            finals += losses[-1] + [statistics.median(losses[len(losses) // 4])]
     if finals:
         curves.set_ylim(min(finals) - 0.1, max(finals) + 0.1)
     curves.set(xlabel="training tokens", ylabel="validation loss", title="best rate, median and seed range")
@@ -299,19 +306,34 @@ def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
         sweep.set_xticks(rates, [f"{lr:g}" for lr in rates], minor=False)
         sweep.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     for ablation in ablation_axes:  # none when the run has no ablations
-        base = summary["seeds"].get("angpt", {}).get(0)
-        for name, r in [("baseline", base)] + [(ABLATIONS[k][0], by_seed.get(0))
-                                           for k, by_seed in summary["ablations"].items()]:
-            if r and r["curve"]:
-                ablation.plot(*zip(*r["curve"]), label=name + (" (diverged)" if r.get("diverged") else ""))
-        if base:
-            ablation.set_ylim(base["final"] - 0.15, base["final"] + 0.6)
-        ablation.set(xlabel="training tokens", ylabel="validation loss", title="anGPT ablations (seed 0)")
+        plot_ablations(ablation, summary)
     for axis in figure.axes:
         if axis.get_legend_handles_labels()[0]:
             axis.legend(fontsize=8)
         axis.grid(alpha=0.3)
     rf.save_figure(figure, path)
+
+
+def plot_ablations(axis, summary: dict) -> None:
+    """Each ablation's validation loss minus that of anGPT's run of the same seed (the pairing of ablation_table),
+    median and range over its stable seeds: seed-to-seed differences in level cancel, the ablation's effect stays."""
+    baselines = summary["seeds"].get("angpt", {})
+    axis.axhline(0, color="black", linewidth=0.8, label="anGPT (same seed)")
+    shown = []
+    for key, by_seed in summary["ablations"].items():
+        stable = [r for _, r in sorted(by_seed.items()) if r["curve"] and not r["diverged"]]
+        diverged = len(by_seed) - len(stable)
+        label = f"{ABLATIONS[key][0]} ({rf.counted(len(stable), 'seed')}" + \
+            (f"; diverged in {diverged})" if diverged else ")")
+        if stable:
+            deltas = [[(t, loss - base) for (t, loss), (_, base) in zip(r["curve"], baselines[r["seed"]]["curve"])]
+                      for r in stable]
+            values = median_band(axis, deltas, label)
+            shown += [v for per_eval in values[len(values) // 4:] for v in per_eval]
+    if shown:  # the first quarter's large early gaps would flatten the rest
+        axis.set_ylim(min(shown + [0]) - 0.03, max(shown + [0]) + 0.03)
+    axis.set(xlabel="training tokens", ylabel="Δ validation loss vs anGPT",
+             title="anGPT ablations, median and seed range")
 
 
 def parse_config(argv) -> dict:

@@ -87,6 +87,20 @@ def test_convergence_ablation_seeds(bench, capsys):
     assert "| no ν(α) on the residual | 2/2 | 3.900 (1 seed); diverged in 1 seed | -0.100 (1 seed) | 95 (1 seed) |" \
         in table
     assert "| 5 % linear warm-up | not run yet | | | |" in table
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    _, axis = plt.subplots()  # the ablation panel: Δ against the same seed's anGPT, median and range over seeds
+    convergence.plot_ablations(axis, convergence.summarise(results, cfg))
+    lines = {line.get_label(): list(line.get_ydata()) for line in axis.get_lines()}
+    assert lines["α init 0.01 (2 seeds)"] == pytest.approx([0.0, 0.25])  # seeds' Δ +0.2, +0.3 at the last point
+    assert lines["no ν(α) on the residual (1 seed; diverged in 1)"] == pytest.approx([0.0, -0.1])
+    assert lines["anGPT (same seed)"] == [0, 0] and len(lines) == 3  # warm-up: no baseline of its seed yet
+    assert len(axis.collections) == 1  # a range only where there are two seeds
+    plt.close("all")
     with pytest.raises(SystemExit):
         convergence.parse_config(["--seeds", "2", "--ablation-seeds", "3"])
     assert "--ablation-seeds must be between 1 and --seeds (2)" in capsys.readouterr().err
