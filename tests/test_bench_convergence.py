@@ -93,8 +93,10 @@ def test_convergence_ablation_seeds(bench, capsys):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    import convergence_plot
+
     _, axis = plt.subplots()  # the ablation panel: Δ against the same seed's anGPT, median and range over seeds
-    convergence.plot_ablations(axis, convergence.summarise(results, cfg))
+    convergence_plot.plot_ablations(axis, convergence.summarise(results, cfg))
     lines = {line.get_label(): list(line.get_ydata()) for line in axis.get_lines()}
     assert lines["α init 0.01 (2 seeds)"] == pytest.approx([0.0, 0.25])  # seeds' Δ +0.2, +0.3 at the last point
     assert lines["no ν(α) on the residual (1 seed; diverged in 1)"] == pytest.approx([0.0, -0.1])
