@@ -166,9 +166,11 @@ def summarise(results: list[dict], cfg: dict) -> dict:
         out["speedup"][arch] = {"ratios": ratios, "not_reached": sum(m is None for m in reached)}
     baselines = out["seeds"].get("angpt", {})
     for r in results:  # an ablation counts once anGPT's run of its seed (its baseline) has finished
-        if r.get("ablation") and r["seed"] in baselines:
+        if r.get("ablation") and (own := baselines.get(r["seed"])):
             out["ablations"].setdefault(r["ablation"], {})[r["seed"]] = {
-                **r, "tokens_to_baseline": tokens_to_reach(r["curve"], baselines[r["seed"]]["final"])}
+                **r, "tokens_to_baseline": tokens_to_reach(r["curve"], own["final"]),
+                "delta": r["final"] - own["final"],
+                "delta_curve": [(t, loss - b) for (t, loss), (_, b) in zip(r["curve"], own["curve"])]}
     return out
 
 
@@ -254,7 +256,7 @@ def ablation_table(summary: dict, seeds: int) -> list[str]:
         final = cell([r["final"] for r in stable], ".3f") if stable else "diverged"
         if stable and len(stable) < len(runs):
             final += f"; diverged in {rf.counted(len(runs) - len(stable), 'seed')}"
-        delta = cell([r["final"] - baselines[r["seed"]]["final"] for r in stable], "+.3f")
+        delta = cell([r["delta"] for r in stable], "+.3f")
         reached = [r["tokens_to_baseline"] for r in stable if r["tokens_to_baseline"]]
         reach = cell(reached, ",.0f") if reached else "not reached"
         if reached and len(reached) < len(stable):  # a diverged seed is counted once, in the loss column

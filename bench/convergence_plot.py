@@ -61,9 +61,8 @@ def plot(summary: dict, path: pathlib.Path, *, ablations: bool) -> None:
 
 
 def plot_ablations(axis, summary: dict) -> None:
-    """Each ablation's validation loss minus that of anGPT's run of the same seed (the pairing of ablation_table),
+    """Each ablation's validation loss minus that of anGPT's run of the same seed (summarise's "delta_curve"),
     median and range over its stable seeds: seed-to-seed differences in level cancel, the ablation's effect stays."""
-    baselines = summary["seeds"].get("angpt", {})
     axis.axhline(0, color="black", linewidth=0.8, label="anGPT (same seed)")
     shown = []
     for key, by_seed in summary["ablations"].items():
@@ -72,9 +71,7 @@ def plot_ablations(axis, summary: dict) -> None:
         label = f"{ABLATIONS[key][0]} ({rf.counted(len(stable), 'seed')}" + \
             (f"; diverged in {diverged})" if diverged else ")")
         if stable:
-            deltas = [[(t, loss - base) for (t, loss), (_, base) in zip(r["curve"], baselines[r["seed"]]["curve"])]
-                      for r in stable]
-            values = median_band(axis, deltas, label)
+            values = median_band(axis, [r["delta_curve"] for r in stable], label)
             shown += [v for per_eval in values[len(values) // 4:] for v in per_eval]
     if shown:  # the first quarter's large early gaps would flatten the rest
         axis.set_ylim(min(shown + [0]) - 0.03, max(shown + [0]) + 0.03)
