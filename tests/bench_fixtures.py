@@ -14,7 +14,7 @@ TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "300", "--
 
 @pytest.fixture
 def bench(tmp_path, monkeypatch):
-    """(output arguments, RESULTS.md path, corpus file): bench/ importable, outputs in tmp_path."""
+    """(output arguments, RESULTS.md path, corpus file, recipe file): bench/ importable, outputs in tmp_path."""
     monkeypatch.syspath_prepend(str(BENCH))
     from modeling_angpt.training.data import shakespeare_files
 
