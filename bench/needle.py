@@ -27,7 +27,7 @@ import re
 import statistics
 import types
 
-import length_generalisation as lg
+import length_models as lm
 import results_file as rf
 
 # Fine-tuning at the pretraining learning rate, as the paper does (the recipe's schedule: 10 % warm-up, linear decay).
@@ -38,7 +38,7 @@ FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, examples=50, multiples=[1,
 
 def finetune_dir(cfg: dict, variant: str, seed: int) -> pathlib.Path:
     """Where a model's needle fine-tuning, its training log and its evaluation live."""
-    return lg.checkpoint_dir(cfg, variant, seed) / "needle_finetune"
+    return lm.checkpoint_dir(cfg, variant, seed) / "needle_finetune"
 
 
 def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.Path:
@@ -52,7 +52,7 @@ def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.
                  f"output_dir={out}", f"eval_steps={max(1, cfg['ft_steps'] // 3)}", "eval_max_batches=2",
                  f"save_steps={cfg['ft_save_steps']}", f"save_total_limit={0 if cfg['ft_save_steps'] else 1}",
                  "disable_tqdm=true", "report_to=[jsonl]", "logging_steps=20"]
-    return lg.trained(load_recipe(cfg["needle_recipe"], overrides))
+    return lm.trained(load_recipe(cfg["needle_recipe"], overrides))
 
 
 def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
@@ -63,7 +63,7 @@ def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> di
     cached = out / "summary.json"
     if cached.is_file() and json.loads(cached.read_text()).get("examples") == cfg["examples"]:
         return {int(k): v for k, v in json.loads(cached.read_text())["acc"].items()}
-    model, tokenizer = lg.load(checkpoint, cfg["torch_device"])
+    model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
     options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["examples"], seed=seed,
                                     log_samples=True, train_length=cfg["length"])
     metrics = run_suite(model, tokenizer, checkpoint, options, out)
@@ -141,7 +141,7 @@ def curve_table(curves: dict, recalls: dict, cfg: dict) -> list[str]:
              + f" | left the plateau: step (lr sum) | answers in the format at {' / '.join(f'{m}L' for m in ms)} |",
              "|---|---|---|---|---|"]
     for variant, by_seed in curves.items():
-        for seed, curve, shares in zip(lg.seed_ids(cfg), by_seed, recalls[variant]):
+        for seed, curve, shares in zip(lm.seed_ids(cfg), by_seed, recalls[variant]):
             val = " / ".join(f"{curve['val'][s]:.2f}" if s in curve["val"] else "–" for s in steps)
             if curve["exit"]:
                 left = f"step {curve['exit'][0]} ({curve['exit'][1]:.2f})"
@@ -156,19 +156,19 @@ def curve_table(curves: dict, recalls: dict, cfg: dict) -> list[str]:
 def section(results: dict, recalls: dict, curves: dict, cfg: dict, command: str, png_link: str) -> str:
     ms = cfg["multiples"]
     lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
-             + lg.title_suffix(cfg), "",
+             + lm.title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              rf.corpus_line(cfg.get("dataset_given", cfg["dataset"])), "",
              f"Base models: the length-generalisation models ({cfg['arch']}, d={cfg['hidden']}, {cfg['layers']} layers, "
-             f"{lg.tokenizer_text(cfg)}, trained at L={cfg['length']} for {cfg['steps']} steps; seeds {lg.seed_ids(cfg)}). "
+             f"{lm.tokenizer_text(cfg)}, trained at L={cfg['length']} for {cfg['steps']} steps; seeds {lm.seed_ids(cfg)}). "
              f"Each fine-tuned {cfg['ft_steps']} steps × "
              f"{cfg['ft_batch']} needle examples of L tokens at lr {cfg['ft_lr']:g} (`{pathlib.Path(cfg['needle_recipe']).name}`: "
              "loss on the answer only), then evaluated by `modeling_angpt.evaluation.needle.run_suite` on "
              f"{cfg['examples']} held-out haystacks per length, three needles each, greedy decoding; accuracy = share "
              "of needles with city and number right. Paper at 64k after fine-tuning at 4k: scale-invariant p-RoPE "
              "0.969, LogN+p-RoPE 0.939, the others ≤ 0.06.", "",
-             rf.changed_settings(cfg, {**lg.SIZES[cfg["size"]], **lg.DEFAULTS, **FINETUNE[cfg["size"]],
-                                       "ft_lr": lg.SIZES[cfg["size"]]["lr"]}, cfg["size"]), "",
+             rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS, **FINETUNE[cfg["size"]],
+                                       "ft_lr": lm.SIZES[cfg["size"]]["lr"]}, cfg["size"]), "",
              "| variant | " + " | ".join(f"accuracy at {m}L ({m * cfg['length']})" for m in ms) + " | "
              + " | ".join(f"numbers recalled at {m}L" for m in ms) + " | "
              + " | ".join(f"cities named at {m}L" for m in ms) + " |",
@@ -211,12 +211,12 @@ def plot(results: dict, recalls: dict, cfg: dict, path: pathlib.Path) -> None:
 
 
 def finetune_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
-    return evaluate(cfg, variant, seed, finetune(cfg, variant, seed, lg.train_variant(cfg, variant, seed)))
+    return evaluate(cfg, variant, seed, finetune(cfg, variant, seed, lm.train_variant(cfg, variant, seed)))
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lg.common_arguments(parser)
+    lm.common_arguments(parser)
     for name in ("ft_steps", "ft_batch", "examples"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
     parser.add_argument("--ft-save-steps", type=int, default=0,
@@ -228,18 +228,18 @@ def main(argv=None):
     for key, value in FINETUNE[size].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
-    cfg = lg.resolve(args)
+    cfg = lm.resolve(args)
     cfg.setdefault("ft_lr", cfg["lr"])
-    results = lg.for_each_model(cfg, finetune_and_evaluate)
-    png = pathlib.Path(cfg["plots_dir"]) / f"{lg.section_name('needle', cfg)}.png"
+    results = lm.for_each_model(cfg, finetune_and_evaluate)
+    png = pathlib.Path(cfg["plots_dir"]) / f"{lm.section_name('needle', cfg)}.png"
     # the diagnostics of every model, read once from the evaluator's logged samples for the table and the plot
-    recalls = {variant: [recall(cfg, variant, seed) for seed in lg.seed_ids(cfg)] for variant in results}
-    curves = {variant: [finetune_curve(cfg, variant, seed) for seed in lg.seed_ids(cfg)] for variant in results}
+    recalls = {variant: [recall(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
+    curves = {variant: [finetune_curve(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
     text = section(results, recalls, curves, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
         plot(results, recalls, cfg, png)
-        rf.update_section(lg.section_name("needle", cfg), text, cfg["results"])
+        rf.update_section(lm.section_name("needle", cfg), text, cfg["results"])
 
 
 if __name__ == "__main__":

@@ -30,5 +30,5 @@ def bench(tmp_path, monkeypatch):
     yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus, recipe
     torch.set_num_threads(threads)
     for name in ("convergence", "residual_nu_depth", "throughput", "length_generalisation", "needle",
-                 "long_context_speed", "results_file", "convergence_runs", "convergence_plot"):
+                 "long_context_speed", "results_file", "convergence_runs", "convergence_plot", "length_models"):
         sys.modules.pop(name, None)
