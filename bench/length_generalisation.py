@@ -163,3 +163,7 @@ def main(argv=None):
     if not cfg["no_write"]:
         plot(results, cfg, png)
         rf.update_section(lm.section_name("length_generalisation", cfg), text, cfg["results"])
+
+
+if __name__ == "__main__":
+    main()

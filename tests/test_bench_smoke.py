@@ -4,6 +4,7 @@ residual ν(α) at depth: tests/test_bench_convergence.py.)"""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -263,6 +264,19 @@ def test_bench_help_opens_with_whole_sentences_that_stand_alone(bench):
         description = help_description(ast.get_docstring(ast.parse(source)))
         assert description.endswith(".") and not re.search(r"\bSPEC\b|shared/", description), (script, description)
 
+
+
+def test_bench_scripts_run_from_the_command_line():
+    """Every bench script the README and RESULTS.md run as `python bench/X.py` prints its usage for --help (the
+    tests call main() directly, which would not notice a script whose `__main__` guard went missing)."""
+    import subprocess
+
+    scripts = [path for path in sorted(BENCH.glob("*.py")) if "ArgumentParser(" in path.read_text()]
+    runs = {script.name: subprocess.Popen([sys.executable, str(script), "--help"], stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True) for script in scripts}
+    for name, proc in runs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and out.startswith(f"usage: {name}"), (name, out[:200], err[-500:])
 
 def test_corpus_line_names_the_packages_the_build_recorded_and_the_evaluation_text(bench, tmp_path):
     """bench/build_corpus.sh records package versions in SOURCES (Debian replaces them in place); the sections that
