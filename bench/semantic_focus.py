@@ -179,7 +179,7 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
     from matplotlib.ticker import MaxNLocator
 
     keys = ("train_acc", "heldout_acc", "train_loss")
-    figure, axes = plt.subplots(len(keys), len(tasks), figsize=(4 * len(tasks), 9), squeeze=False)
+    figure, axes = plt.subplots(len(keys), len(tasks), figsize=(max(4 * len(tasks), 5), 9), squeeze=False)
     for column, task in enumerate(tasks):
         for variant in variants:
             chosen = [r for r in runs if r["task"] == task and r["variant"] == variant]
@@ -192,8 +192,9 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
                 columns = [[c[e] if e < len(c) else c[-1] for c, r in zip(curves, chosen)
                             if e < len(c) or not r.get("stopped_at_deadline")] for e in range(longest)]
                 epochs = list(range(1, len(columns) + 1))
+                # a dot per epoch reads over tens of epochs, and is a smear over hundreds
                 line, = axes[row][column].plot(epochs, [statistics.median(v) for v in columns], label=variant,
-                                               marker=".")
+                                               marker="." if longest <= 100 else None)
                 axes[row][column].fill_between(epochs, [min(v) for v in columns], [max(v) for v in columns],
                                                color=line.get_color(), alpha=0.15)
         for row, name in enumerate(("train accuracy", "held-out accuracy", "train loss")):
@@ -203,7 +204,7 @@ def plot(runs, tasks, variants, path: pathlib.Path) -> None:
                 axes[row][column].axhline(0.95, color="grey", lw=0.6, ls="--")
             else:
                 axes[row][column].set_yscale("log")
-            axes[row][column].xaxis.set_major_locator(MaxNLocator(integer=True))
+            axes[row][column].xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))  # 4-digit epochs fit
     axes[0][0].legend(fontsize=8)
     save_figure(figure, path)
 
