@@ -265,7 +265,6 @@ def test_bench_help_opens_with_whole_sentences_that_stand_alone(bench):
         assert description.endswith(".") and not re.search(r"\bSPEC\b|shared/", description), (script, description)
 
 
-
 def test_bench_scripts_run_from_the_command_line():
     """Every bench script the README and RESULTS.md run as `python bench/X.py` prints its usage for --help (the
     tests call main() directly, which would not notice a script whose `__main__` guard went missing)."""
@@ -277,6 +276,7 @@ def test_bench_scripts_run_from_the_command_line():
     for name, proc in runs.items():
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0 and out.startswith(f"usage: {name}"), (name, out[:200], err[-500:])
+
 
 def test_corpus_line_names_the_packages_the_build_recorded_and_the_evaluation_text(bench, tmp_path):
     """bench/build_corpus.sh records package versions in SOURCES (Debian replaces them in place); the sections that
