@@ -29,6 +29,7 @@ def bench(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     yield ["--results", str(results), "--plots-dir", str(tmp_path / "plots")], results, corpus, recipe
     torch.set_num_threads(threads)
-    for name in ("convergence", "residual_nu_depth", "throughput", "length_generalisation", "needle",
-                 "long_context_speed", "results_file", "convergence_runs", "convergence_plot", "length_models"):
-        sys.modules.pop(name, None)
+    # every module imported from bench/ (a named list went stale each time a script was split in two)
+    for name in [name for name, module in sys.modules.items()
+                 if Path(getattr(module, "__file__", None) or "/").parent == BENCH]:
+        sys.modules.pop(name)
