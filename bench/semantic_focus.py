@@ -95,6 +95,7 @@ def one_run(job: dict) -> dict:
                              f"cannot be extended to --epochs {job['epochs']}; choose another --output-dir")
     elif (out / "metrics.jsonl").exists() and not (out / "resume.pt").exists():
         (out / "metrics.jsonl").unlink()  # an interrupted run that saved no state: start it again
+    earlier = len((out / "metrics.jsonl").read_text().splitlines()) if (out / "metrics.jsonl").exists() else 0
     torch.set_num_threads(job["threads"])
     summary = run_protocol(job["task"], out, seed=job["seed"], epochs=job["epochs"], n_train=job["n_train"],
                            n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],
@@ -102,7 +103,7 @@ def one_run(job: dict) -> dict:
                            log=lambda line: print(line, flush=True) if job["verbose"] else None,
                            backbone=job["backbone"], resume=True, deadline=job["deadline"],
                            **VARIANTS[job["variant"]])
-    return {**job, **summary, "reused": False}
+    return {**job, **summary, "reused": False, "epochs_earlier": earlier}
 
 
 def _median(values):
@@ -156,12 +157,19 @@ def verdict(table, task, budget) -> str:
 
 
 def _run_time(runs) -> str:
-    """Runs reused from an earlier invocation took no wall clock here: name them and the time their epochs took."""
+    """Runs reused or continued from an earlier invocation took (part of) their time there, not in this wall clock:
+    name them and the time all their epochs took."""
     reused = sum(r["reused"] for r in runs)
-    if not reused:
+    continued = [r["epochs_earlier"] for r in runs if not r["reused"] and r.get("epochs_earlier")]
+    if not reused and not continued:
         return ""
+    earlier = [f"{reused} of the runs reused from earlier invocations"] if reused else []
+    if continued:
+        epochs = " and ".join([", ".join(str(n) for n in continued[:-1]), str(continued[-1])] if continued[:-1]
+                              else [str(continued[0])])
+        earlier.append(f"{len(continued)} continued from an earlier invocation after {epochs} epochs")
     seconds = [epoch["seconds"] for r in runs for epoch in r["history"]]
-    return (f" ({reused} of the runs reused from earlier invocations; the epochs of all {len(runs)} took "
+    return (f" ({'; '.join(earlier)}; the epochs of all {len(runs)} took "
             f"{sum(seconds) / 60:.0f} min of run time, median {statistics.median(seconds):.1f} s per epoch)")
 
 
