@@ -165,8 +165,9 @@ def _run_time(runs) -> str:
         return ""
     earlier = [f"{reused} of the runs reused from earlier invocations"] if reused else []
     if continued:
-        epochs = " and ".join([", ".join(str(n) for n in continued[:-1]), str(continued[-1])] if continued[:-1]
-                              else [str(continued[0])])
+        epochs = str(continued[-1])
+        if len(continued) > 1:
+            epochs = f"{', '.join(map(str, continued[:-1]))} and {epochs}"
         earlier.append(f"{len(continued)} continued from an earlier invocation after {epochs} epochs")
     seconds = [epoch["seconds"] for r in runs for epoch in r["history"]]
     return (f" ({'; '.join(earlier)}; the epochs of all {len(runs)} took "
