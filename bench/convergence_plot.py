@@ -64,16 +64,24 @@ def plot_ablations(axis, summary: dict) -> None:
     """Each ablation's validation loss minus that of anGPT's run of the same seed (summarise's "delta_curve"),
     median and range over its stable seeds: seed-to-seed differences in level cancel, the ablation's effect stays."""
     axis.axhline(0, color="black", linewidth=0.8, label="anGPT (same seed)")
-    shown = []
+    medians, extremes = [0.0], [0.0]
     for key, by_seed in summary["ablations"].items():
         stable = [r for _, r in sorted(by_seed.items()) if r["curve"] and not r["diverged"]]
         diverged = len(by_seed) - len(stable)
         label = f"{ABLATIONS[key][0]} ({rf.counted(len(stable), 'seed')}" + \
             (f"; diverged in {diverged})" if diverged else ")")
-        if stable:
+        if stable:  # the first quarter's large early gaps would flatten the rest: limits from the later evaluations
             values = median_band(axis, [r["delta_curve"] for r in stable], label)
-            shown += [v for per_eval in values[len(values) // 4:] for v in per_eval]
-    if shown:  # the first quarter's large early gaps would flatten the rest
-        axis.set_ylim(min(shown + [0]) - 0.03, max(shown + [0]) + 0.03)
+            later = values[len(values) // 4:]
+            medians += [statistics.median(v) for v in later]
+            extremes += [x for v in later for x in v]
+    # Limits from the medians, with room for ordinary seed ranges: one seed's brief spike (several nats in a run
+    # that recovers) would otherwise squash every ablation's effect (hundredths) onto the zero line.
+    low, high = min(medians), max(medians)
+    pad = 0.5 * (high - low) + 0.03
+    axis.set_ylim(low - pad, high + pad)
+    if min(extremes) < low - pad or max(extremes) > high + pad:
+        axis.text(0.98, 0.98, f"seed ranges clipped: they reach {min(extremes):+.2f} to {max(extremes):+.2f}",
+                  transform=axis.transAxes, fontsize=7, ha="right", va="top")
     axis.set(xlabel="training tokens", ylabel="Δ validation loss vs anGPT",
              title="anGPT ablations, median and seed range")

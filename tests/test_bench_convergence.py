@@ -108,6 +108,30 @@ def test_convergence_ablation_seeds(bench, capsys):
     assert "--ablation-seeds must be between 1 and --seeds (2)" in capsys.readouterr().err
 
 
+def test_convergence_ablation_panel_is_scaled_to_the_medians_not_to_one_seeds_spike(bench):
+    """One seed's brief validation spike (nats, in a run that recovers) must not squash the ablations' effects
+    (hundredths) onto the zero line: the panel's limits follow the medians, and a note says the ranges are clipped."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import convergence_plot
+
+    def ablation_runs(spike: float) -> dict:
+        deltas = [[0.1] * 8, [0.1] * 8, [0.1] * 5 + [spike] + [0.1] * 2]
+        return {seed: {"curve": [(t, 4.0) for t in range(8)], "diverged": False,
+                       "delta_curve": [(t, d) for t, d in enumerate(ds)]} for seed, ds in enumerate(deltas)}
+
+    for spike, clipped in ((20.0, True), (0.12, False)):
+        _, axis = plt.subplots()
+        convergence_plot.plot_ablations(axis, {"ablations": {"alpha0.01": ablation_runs(spike)}})
+        assert axis.get_ylim() == pytest.approx((-0.08, 0.18))  # medians 0 (the baseline) to 0.1, padded
+        notes = [text.get_text() for text in axis.texts]
+        assert notes == (["seed ranges clipped: they reach +0.00 to +20.00"] if clipped else [])
+    plt.close("all")
+
+
 def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
     """A smoke-size residual_nu_depth command line: a tiny model, `steps` steps, one LAYERS:ALPHA pair."""
     out, _, corpus, recipe = bench
