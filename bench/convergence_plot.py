@@ -80,8 +80,9 @@ def plot_ablations(axis, summary: dict) -> None:
     low, high = min(medians), max(medians)
     pad = 0.5 * (high - low) + 0.03
     axis.set_ylim(low - pad, high + pad)
-    if min(extremes) < low - pad or max(extremes) > high + pad:
-        axis.text(0.98, 0.98, f"seed ranges clipped: they reach {min(extremes):+.2f} to {max(extremes):+.2f}",
+    lowest, highest = min(extremes), max(extremes)
+    if lowest < low - pad or highest > high + pad:
+        axis.text(0.98, 0.98, f"seed ranges clipped: they reach {lowest:+.2f} to {highest:+.2f}",
                   transform=axis.transAxes, fontsize=7, ha="right", va="top")
     axis.set(xlabel="training tokens", ylabel="Δ validation loss vs anGPT",
              title="anGPT ablations, median and seed range")
