@@ -72,6 +72,17 @@ def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> di
     return accuracy
 
 
+def logged_samples(cfg: dict, variant: str, seed: int) -> dict:
+    """{"needle_x<multiple>": [sample, ...]} from the evaluator's report of one model ({} when it has none)."""
+    report = finetune_dir(cfg, variant, seed) / "needle_eval" / "needle.json"
+    return json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
+
+
+def digit_runs(line: str) -> set:
+    """The whole runs of digits in an answer line: a needle's number counts as recalled when it is one of them."""
+    return set(re.findall(r"\d+", line))
+
+
 def recall(cfg: dict, variant: str, seed: int) -> dict:
     """{"numbers", "cities", "format"}: {multiple: share} from the evaluator's logged samples. Numbers: the share
     of needles whose 7-digit number appears in the answer line as a whole digit run, whatever city it is paired
@@ -79,14 +90,13 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
     as many `City=number` pairs as there are needles, numbers as long as the needles'. Diagnostics, not the
     paper's metric: they tell retrieval of the numbers and of the cities apart from retrieval of the pairs (the
     strict accuracy needs both), and a model that has lost the answer format from one that fills it wrongly."""
-    report = finetune_dir(cfg, variant, seed) / "needle_eval" / "needle.json"
-    samples = json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
+    samples = logged_samples(cfg, variant, seed)
     shares = {"numbers": {}, "cities": {}, "format": {}}
     for m in cfg["multiples"]:
         found, needles, answers = {"numbers": 0, "cities": 0, "format": 0}, 0, 0
         for sample in samples.get(f"needle_x{m}", []):
             line = sample["answer"].split("\n")[0]
-            runs = set(re.findall(r"\d+", line))
+            runs = digit_runs(line)
             named = {name.strip() for name in re.findall(r"([^;=\d]+)=", line)}
             pairs = [pair.split("=") for pair in sample["target"].split(";")]
             found["numbers"] += sum(number in runs for _, number in pairs)
@@ -99,6 +109,58 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
             total = answers if kind == "format" else needles
             shares[kind][m] = count / total if total else float("nan")
     return shares
+
+
+def distance_bands(multiple: int) -> list[tuple[int, int]]:
+    """Bands of a needle's distance from the question in units of L, doubling: (0, 1], (1, 2], (2, 4], … up to
+    `multiple`. The first band is the distance a model fine-tuned at L has seen between a needle and the question."""
+    edges = [0, 1]
+    while edges[-1] < multiple:
+        edges.append(min(2 * edges[-1], multiple))
+    return list(zip(edges, edges[1:]))
+
+
+def by_distance(cfg: dict, variant: str, seed: int) -> dict:
+    """{multiple: {band: [needles, found, numbers recalled]}} for each multiple above 1, from the logged samples.
+    A needle's distance from the question is the share of the haystack after it, (1 − depth) × multiple, in units
+    of L (depth: the share of the filler's characters before it, so the distance in tokens is approximate). Found:
+    city and number right, as the accuracy counts it (needle_hits); numbers recalled as in `recall`."""
+    from modeling_angpt.evaluation.needle_task import needle_hits
+
+    samples, counts = logged_samples(cfg, variant, seed), {}
+    for m in (m for m in cfg["multiples"] if m > 1):
+        bands = counts[m] = {band: [0, 0, 0] for band in distance_bands(m)}
+        for sample in samples.get(f"needle_x{m}", []):
+            pairs = [pair.split("=") for pair in sample["target"].split(";")]
+            hits = needle_hits(sample["answer"], [c for c, _ in pairs], [n for _, n in pairs])
+            runs = digit_runs(sample["answer"].split("\n")[0])
+            for (_, number), hit, depth in zip(pairs, hits, sample.get("depths", [])):
+                distance = (1 - depth) * m
+                band = next(b for b in bands if distance <= b[1])
+                bands[band][0] += 1
+                bands[band][1] += hit
+                bands[band][2] += number in runs
+    return counts
+
+
+def distance_table(distances: dict, cfg: dict) -> list[str]:
+    """Accuracy and numbers recalled at each length above L by the needle's distance from the question, pooled
+    over seeds: does retrieval fail with the distance or with the length of the context?"""
+    columns = [(m, band) for m in cfg["multiples"] if m > 1 for band in distance_bands(m)]
+    if not columns:
+        return []
+    lines = ["By the needle's distance from the question (the share of the haystack after it, in units of L; the "
+             "first band is what fine-tuning at L showed the model): accuracy · numbers recalled (needles), pooled "
+             "over seeds.", "",
+             "| variant | " + " | ".join(f"{m}L, {a}–{b}L away" if a else f"{m}L, ≤ {b}L away" for m, (a, b) in columns)
+             + " |", "|---|" + "---|" * len(columns)]
+    for variant, by_seed in distances.items():
+        cells = []
+        for m, band in columns:
+            needles, found, numbers = (sum(d[m][band][i] for d in by_seed if m in d) for i in range(3))
+            cells.append(f"{found / needles:.2f} · {numbers / needles:.2f} ({needles})" if needles else "–")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # A fine-tuning has "left the plateau" at its first logged step with training loss below this. On the plateau the
@@ -153,7 +215,8 @@ def curve_table(curves: dict, recalls: dict, cfg: dict) -> list[str]:
     return lines
 
 
-def section(results: dict, recalls: dict, curves: dict, cfg: dict, command: str, png_link: str) -> str:
+def section(results: dict, recalls: dict, curves: dict, distances: dict, cfg: dict, command: str,
+            png_link: str) -> str:
     ms = cfg["multiples"]
     lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
              + lm.title_suffix(cfg), "",
@@ -183,6 +246,8 @@ def section(results: dict, recalls: dict, curves: dict, cfg: dict, command: str,
               "city it is paired with. Cities named: share of needles whose city the answer line names (`City=`). "
               "Both from the evaluator's logged samples, means over seeds; diagnostics, not the paper's metric."]
     lines += ["", *curve_table(curves, recalls, cfg)]
+    by_band = distance_table(distances, cfg)
+    lines += ["", *by_band] if by_band else []
     lines += ["", f"![needle accuracy against length]({png_link})"]
     return "\n".join(lines)
 
@@ -235,7 +300,9 @@ def main(argv=None):
     # the diagnostics of every model, read once from the evaluator's logged samples for the table and the plot
     recalls = {variant: [recall(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
     curves = {variant: [finetune_curve(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
-    text = section(results, recalls, curves, cfg, rf.command_line("needle.py", argv), rf.plot_link(cfg["results"], png))
+    distances = {variant: [by_distance(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
+    text = section(results, recalls, curves, distances, cfg, rf.command_line("needle.py", argv),
+                   rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
         plot(results, recalls, cfg, png)

@@ -221,6 +221,37 @@ def test_needle_recall_diagnostics(bench, tmp_path):
                                              "format": {1: 1 / 2, 4: 1 / 4}}
 
 
+def test_needle_accuracy_by_distance_from_the_question(bench, tmp_path):
+    """Each needle falls in the band of its distance from the question, (1 − depth) × the length multiple in units
+    of L, bands doubling up to the multiple; it counts as found only as the accuracy counts it (a malformed answer
+    finds none), its number as recalled whenever it is a whole digit run of the answer line. The table pools the
+    seeds and leaves out 1L, where every needle is within L."""
+    import needle
+
+    assert needle.distance_bands(1) == [(0, 1)]
+    assert needle.distance_bands(4) == [(0, 1), (1, 2), (2, 4)]
+    assert needle.distance_bands(6) == [(0, 1), (1, 2), (2, 4), (4, 6)]
+    cfg = {"output_dir": str(tmp_path), "multiples": [1, 4]}
+    target = "Oslo=1234567;Rome=7654321;Lima=5555555"
+    samples = {"rope-s0": [(" Oslo=1234567;Rome=7654321;Lima=1111111", [0.1, 0.5, 0.9]),  # 3.6L, 2L, 0.4L away
+                           (" Oslo=1234567;Oslo=7654321", [0.0, 0.75, 1.0])],  # malformed: finds none; 4L, 1L, 0L
+               "rope-s1": [(" Lima=5555555", [0.2, 0.3, 0.8])]}  # 3.2L, 2.8L, 0.8L away
+    for name, rows in samples.items():
+        report = tmp_path / name / "needle_finetune" / "needle_eval" / "needle.json"
+        report.parent.mkdir(parents=True)
+        report.write_text(json.dumps({"samples": {"needle_x4": [{"target": target, "answer": answer, "depths": depths}
+                                                                for answer, depths in rows]}}))
+    first = needle.by_distance(cfg, "RoPE", 0)
+    assert list(first) == [4]
+    assert first[4] == {(0, 1): [3, 0, 1], (1, 2): [1, 1, 1], (2, 4): [2, 1, 2]}
+    second = needle.by_distance(cfg, "RoPE", 1)
+    assert second[4] == {(0, 1): [1, 1, 1], (1, 2): [0, 0, 0], (2, 4): [2, 0, 0]}
+    table = needle.distance_table({"RoPE": [first, second]}, {"multiples": [1, 4]})
+    assert table[2] == "| variant | 4L, ≤ 1L away | 4L, 1–2L away | 4L, 2–4L away |"
+    assert table[-1] == "| RoPE | 0.25 · 0.50 (4) | 1.00 · 1.00 (1) | 0.25 · 0.50 (4) |"
+    assert needle.distance_table({"RoPE": [{}]}, {"multiples": [1]}) == []
+
+
 def test_needle_finetune_curve(bench, tmp_path):
     """The plateau exit is the first logged training loss below the threshold, with the logged rates summed over
     the steps each stands for; the validation losses skip the untrained model's step 0; a run that never leaves

@@ -210,10 +210,15 @@ def parse_answer(text: str) -> list[tuple[str, str]] | None:
     return pairs
 
 
-def score_answer(answer: str, cities, numbers) -> float:
-    """Fraction of the needles (city, number) found in `answer`; malformed answers score 0."""
+def needle_hits(answer: str, cities, numbers) -> list[bool]:
+    """Whether `answer` finds each needle (city, number), in the needles' order; a malformed answer finds none."""
     pairs = parse_answer(answer)
     if not pairs or len(pairs) > len(cities) or len({c for c, _ in pairs}) < len(pairs):
-        return 0.0
+        return [False] * len(cities)
     given = dict(pairs)
-    return sum(given.get(city) == number for city, number in zip(cities, numbers)) / len(cities)
+    return [given.get(city) == number for city, number in zip(cities, numbers)]
+
+
+def score_answer(answer: str, cities, numbers) -> float:
+    """Fraction of the needles (city, number) found in `answer`; malformed answers score 0."""
+    return sum(needle_hits(answer, cities, numbers)) / len(cities)
