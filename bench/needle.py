@@ -252,14 +252,15 @@ def section(results: dict, recalls: dict, curves: dict, distances: dict, cfg: di
     return "\n".join(lines)
 
 
-def plot(results: dict, recalls: dict, cfg: dict, path: pathlib.Path) -> None:
+def plot(results: dict, recalls: dict, distances: dict, cfg: dict, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     ms = cfg["multiples"]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    farthest = max(ms)
+    figure, axes = plt.subplots(1, 3 if farthest > 1 else 2, figsize=(16 if farthest > 1 else 11, 3.8), sharey=True)
     width = 0.8 / len(ms)
     names = list(results)
     numbers = {n: [r["numbers"] for r in recalls[n]] for n in names}
@@ -272,7 +273,28 @@ def plot(results: dict, recalls: dict, cfg: dict, path: pathlib.Path) -> None:
         axis.set_xticks([j + width * (len(ms) - 1) / 2 for j in range(len(names))], names, rotation=20, fontsize=8)
         axis.set(ylabel=label, ylim=(0, 1.05), title=f"fine-tuned at L={cfg['length']}: {label.split(' (')[0]}")
         axis.legend()
+    if farthest > 1:
+        plot_distances(axes[2], names, distances, farthest)
     rf.save_figure(figure, path)
+
+
+def plot_distances(axis, names: list, distances: dict, multiple: int) -> None:
+    """At the longest length, per variant and distance band (seeds pooled): numbers recalled as a light bar, the
+    accuracy as a dark bar over it (a needle found has its number recalled, so the dark bar never overtops)."""
+    bands = distance_bands(multiple)
+    width = 0.8 / len(bands)
+    for i, band in enumerate(bands):
+        totals = [[sum(d[multiple][band][k] for d in distances[n] if multiple in d) for k in range(3)] for n in names]
+        xs = [j + i * width for j in range(len(names))]
+        label = f"{band[0]}–{band[1]}L away" if band[0] else f"≤ {band[1]}L away"
+        recalled = axis.bar(xs, [t[2] / t[0] if t[0] else 0 for t in totals], width, alpha=0.35)
+        axis.bar(xs, [t[1] / t[0] if t[0] else 0 for t in totals], width, color=recalled.patches[0].get_facecolor(),
+                 alpha=1.0, label=label)
+    axis.set_xticks([j + width * (len(bands) - 1) / 2 for j in range(len(names))], names, rotation=20, fontsize=8)
+    axis.set(title=f"at {multiple}L by distance from the question: accuracy (dark), numbers recalled (light)",
+             ylim=(0, 1.05))
+    axis.title.set_fontsize(9)
+    axis.legend(fontsize=8)
 
 
 def finetune_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
@@ -305,7 +327,7 @@ def main(argv=None):
                    rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
-        plot(results, recalls, cfg, png)
+        plot(results, recalls, distances, cfg, png)
         rf.update_section(lm.section_name("needle", cfg), text, cfg["results"])
 
 

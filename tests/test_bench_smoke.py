@@ -65,6 +65,7 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     assert "numbers recalled at 4L" in text.split("<!-- needle:start -->")[1]
     assert "cities named at 4L" in text.split("<!-- needle:start -->")[1]
     assert "| left the plateau: step (lr sum) | answers in the format at 1L / 4L |" in text
+    assert "| variant | 4L, ≤ 1L away | 4L, 1–2L away | 4L, 2–4L away |" in text.split("<!-- needle:start -->")[1]
     assert "loss at 16L (4096)" in text
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
     # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
