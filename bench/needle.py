@@ -10,7 +10,8 @@ missing, with the same size options). Fine-tuning = `angpt train` on the needle 
 needle, loss on the answer only) with init_from = the base checkpoint; evaluation = the needle evaluator
 (`angpt eval --suite needle`) on haystacks built from held-out text. Beside the accuracy, the section reports
 diagnostics per model: numbers recalled and cities named, answers that keep the answer format, and from the
-fine-tuning's log its validation loss and the step at which its training loss left the plateau.
+fine-tuning's log its validation loss and the step at which its training loss left the plateau; and at each length
+above L, accuracy and numbers recalled by the needle's distance from the question (within L, L to 2L, ...).
 
     python bench/needle.py --jobs 2 --threads 1   # the length-generalisation default models, 300 fine-tuning steps
     python bench/needle.py --size quick       # minutes
