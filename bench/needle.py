@@ -79,6 +79,11 @@ def logged_samples(cfg: dict, variant: str, seed: int) -> dict:
     return json.loads(report.read_text()).get("samples", {}) if report.is_file() else {}
 
 
+def target_pairs(sample: dict) -> list[list[str]]:
+    """The needles of a logged sample as [city, number] pairs, in their order in the haystack."""
+    return [pair.split("=") for pair in sample["target"].split(";")]
+
+
 def digit_runs(line: str) -> set:
     """The whole runs of digits in an answer line: a needle's number counts as recalled when it is one of them."""
     return set(re.findall(r"\d+", line))
@@ -99,7 +104,7 @@ def recall(cfg: dict, variant: str, seed: int) -> dict:
             line = sample["answer"].split("\n")[0]
             runs = digit_runs(line)
             named = {name.strip() for name in re.findall(r"([^;=\d]+)=", line)}
-            pairs = [pair.split("=") for pair in sample["target"].split(";")]
+            pairs = target_pairs(sample)
             found["numbers"] += sum(number in runs for _, number in pairs)
             found["cities"] += sum(city in named for city, _ in pairs)
             parts = line.strip().split(";")
@@ -121,6 +126,15 @@ def distance_bands(multiple: int) -> list[tuple[int, int]]:
     return list(zip(edges, edges[1:]))
 
 
+def band_label(band: tuple[int, int]) -> str:
+    return f"{band[0]}–{band[1]}L away" if band[0] else f"≤ {band[1]}L away"
+
+
+def pooled(by_seed: list, multiple: int, band: tuple[int, int]) -> list[int]:
+    """[needles, found, numbers recalled] of one band, summed over the seeds that were evaluated at `multiple`."""
+    return [sum(d[multiple][band][k] for d in by_seed if multiple in d) for k in range(3)]
+
+
 def by_distance(cfg: dict, variant: str, seed: int) -> dict:
     """{multiple: {band: [needles, found, numbers recalled]}} for each multiple above 1, from the logged samples.
     A needle's distance from the question is the share of the haystack after it, (1 − depth) × multiple, in units
@@ -132,7 +146,7 @@ def by_distance(cfg: dict, variant: str, seed: int) -> dict:
     for m in (m for m in cfg["multiples"] if m > 1):
         bands = counts[m] = {band: [0, 0, 0] for band in distance_bands(m)}
         for sample in samples.get(f"needle_x{m}", []):
-            pairs = [pair.split("=") for pair in sample["target"].split(";")]
+            pairs = target_pairs(sample)
             hits = needle_hits(sample["answer"], [c for c, _ in pairs], [n for _, n in pairs])
             runs = digit_runs(sample["answer"].split("\n")[0])
             for (_, number), hit, depth in zip(pairs, hits, sample.get("depths", [])):
@@ -153,12 +167,12 @@ def distance_table(distances: dict, cfg: dict) -> list[str]:
     lines = ["By the needle's distance from the question (the share of the haystack after it, in units of L; the "
              "first band is what fine-tuning at L showed the model): accuracy · numbers recalled (needles), pooled "
              "over seeds.", "",
-             "| variant | " + " | ".join(f"{m}L, {a}–{b}L away" if a else f"{m}L, ≤ {b}L away" for m, (a, b) in columns)
-             + " |", "|---|" + "---|" * len(columns)]
+             "| variant | " + " | ".join(f"{m}L, {band_label(band)}" for m, band in columns) + " |",
+             "|---|" + "---|" * len(columns)]
     for variant, by_seed in distances.items():
         cells = []
         for m, band in columns:
-            needles, found, numbers = (sum(d[m][band][i] for d in by_seed if m in d) for i in range(3))
+            needles, found, numbers = pooled(by_seed, m, band)
             cells.append(f"{found / needles:.2f} · {numbers / needles:.2f} ({needles})" if needles else "–")
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return lines
@@ -285,12 +299,11 @@ def plot_distances(axis, names: list, distances: dict, multiple: int) -> None:
     bands = distance_bands(multiple)
     width = 0.8 / len(bands)
     for i, band in enumerate(bands):
-        totals = [[sum(d[multiple][band][k] for d in distances[n] if multiple in d) for k in range(3)] for n in names]
+        totals = [pooled(distances[n], multiple, band) for n in names]
         xs = [j + i * width for j in range(len(names))]
-        label = f"{band[0]}–{band[1]}L away" if band[0] else f"≤ {band[1]}L away"
         recalled = axis.bar(xs, [t[2] / t[0] if t[0] else 0 for t in totals], width, alpha=0.35)
         axis.bar(xs, [t[1] / t[0] if t[0] else 0 for t in totals], width, color=recalled.patches[0].get_facecolor(),
-                 alpha=1.0, label=label)
+                 alpha=1.0, label=band_label(band))
     axis.set_xticks([j + width * (len(bands) - 1) / 2 for j in range(len(names))], names, rotation=20, fontsize=8)
     axis.set(title=f"at {multiple}L by distance from the question: accuracy (dark), numbers recalled (light)",
              ylim=(0, 1.05))
@@ -320,7 +333,7 @@ def main(argv=None):
     cfg.setdefault("ft_lr", cfg["lr"])
     results = lm.for_each_model(cfg, finetune_and_evaluate)
     png = pathlib.Path(cfg["plots_dir"]) / f"{lm.section_name('needle', cfg)}.png"
-    # the diagnostics of every model, read once from the evaluator's logged samples for the table and the plot
+    # the diagnostics of every model, from the evaluator's logged samples and training logs, for the tables and the plot
     recalls = {variant: [recall(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
     curves = {variant: [finetune_curve(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
     distances = {variant: [by_distance(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
