@@ -7,23 +7,7 @@ import json
 
 import pytest
 from cli_helpers import angpt, assert_one_line_error, snapshot
-from training_fixtures import TINY, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
-
-
-def fake_previous_run(run, recipe_path, **recipe_changes):
-    """What an earlier run leaves: recipe.json (filled as training records it), a checkpoint, metrics."""
-    from modeling_angpt.training.model_setup import build_config
-    from modeling_angpt.training.recipe import load_recipe
-    from modeling_angpt.training.run_dir import comparable_config, filled_recipe
-
-    recipe = load_recipe(recipe_path, [f"{k}={v}" for k, v in recipe_changes.items()])
-    config = build_config(recipe)
-    step = run / "checkpoints" / "step_0000010"
-    step.mkdir(parents=True)
-    (step / "trainer_state.json").write_text(json.dumps({"step": 10}))
-    (run / "recipe.json").write_text(json.dumps(filled_recipe(recipe, config)))
-    (run / "model_config.json").write_text(json.dumps(comparable_config(config)))
-    (run / "metrics.jsonl").write_text('{"step": 10, "loss": 9.9}\n')
+from training_fixtures import TINY, data_cache, fake_previous_run, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 
 def test_new_run_refuses_a_used_output_dir(write_recipe, tmp_path):

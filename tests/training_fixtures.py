@@ -1,10 +1,12 @@
-"""Shared helpers for tests/test_training_*.py (imported by them; tests/conftest.py belongs to the lead).
+"""Shared helpers for tests/test_training_*.py and tests/test_run_lock.py (imported by them; tests/conftest.py
+belongs to the lead).
 
 Every training test uses a tiny float32 anGPT-family model (d=32, 2 layers, blocks of 64 tokens) on a
 slice of the real default corpus (Shakespeare), with a 512-token byte-level BPE trained once per test
 session and cached, like the packed blocks, in one session-wide directory."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -67,3 +69,19 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def fake_previous_run(run, recipe_path, **recipe_changes):
+    """What an earlier run leaves: recipe.json (filled as training records it), a checkpoint, metrics."""
+    from modeling_angpt.training.model_setup import build_config
+    from modeling_angpt.training.recipe import load_recipe
+    from modeling_angpt.training.run_dir import comparable_config, filled_recipe
+
+    recipe = load_recipe(recipe_path, [f"{k}={v}" for k, v in recipe_changes.items()])
+    config = build_config(recipe)
+    step = run / "checkpoints" / "step_0000010"
+    step.mkdir(parents=True)
+    (step / "trainer_state.json").write_text(json.dumps({"step": 10}))
+    (run / "recipe.json").write_text(json.dumps(filled_recipe(recipe, config)))
+    (run / "model_config.json").write_text(json.dumps(comparable_config(config)))
+    (run / "metrics.jsonl").write_text('{"step": 10, "loss": 9.9}\n')

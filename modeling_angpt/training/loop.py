@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import checkpoint as ckpt
-from . import run_dir
+from . import run_dir, run_lock
 from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
 from .launch import (_has_accelerator_device, accelerator_device_kwargs, check_launch_environment,
                      check_process_group, group_peak_flops)
@@ -231,8 +231,14 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
           overwrite: bool = False) -> TrainResult:
     """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir (refused if that
     run's recipe or model config differs); `overwrite` first deletes a previous run there; without either the
-    output_dir must be empty (run_dir.py). `stop_after_steps` ends the run after that step's checkpoint logic
-    without the final save, exactly as a job killed there would (preemption drills and the resume test)."""
+    output_dir must be empty (run_dir.py). A directory another live process is training in is refused whatever
+    the flags (run_lock.py). `stop_after_steps` ends the run after that step's checkpoint logic without the final
+    save, exactly as a job killed there would (preemption drills and the resume test)."""
+    with run_lock.hold(recipe.output_dir, enabled=run_dir.is_main_rank()):
+        return _train(recipe, resume, stop_after_steps, overwrite)
+
+
+def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite: bool) -> TrainResult:
     source, config, resume_from = _preflight(recipe, resume, overwrite)
     model_config = run_dir.comparable_config(config)
     run = _build(recipe, source, config)

@@ -42,7 +42,7 @@ class RunDirError(ValueError):
     """The output directory cannot be used as asked; nothing was changed in it."""
 
 
-def _is_main_rank() -> bool:
+def is_main_rank() -> bool:
     """Before accelerate starts, the launcher's RANK tells which process may change the directory."""
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -121,7 +121,7 @@ def prepare_output_dir(recipe, config, resume: bool = False, overwrite: bool = F
     output_dir = Path(recipe.output_dir)
     if resume:
         return check_resume(output_dir, recipe, config)
-    if check_new_run_dir(output_dir, overwrite) and _is_main_rank():
+    if check_new_run_dir(output_dir, overwrite) and is_main_rank():
         for name in RUN_LAYOUT:
             path = output_dir / name
             if path.is_dir() and not path.is_symlink():

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ...training.run_lock import holding_output_dir
 from .tasks import build_splits, get_task
 from .tokenizer import build_tokenizer
 
@@ -202,6 +203,7 @@ def _environment() -> dict:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores", "threads": torch.get_num_threads()}
 
 
+@holding_output_dir
 def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int = 0, epochs: int | None = None,
                  n_train: int = 5000, n_heldout: int = 2000, batch_size: int = 25, lr: float | None = None,
                  gamma: float | None = None, grad_clip: float | None = 0.5, eval_batch_size: int = 250,
@@ -223,7 +225,8 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     that its predecessor's duration says would finish before then, and marks the summary `stopped_at_deadline`;
     its saved state lets a later call with `resume` continue it (to fit a run into a lease of machine time).
     `backbone="paper"`: the paper's encoder (paper_encoder.py; `model_kwargs` as PaperEncoderConfig's fields),
-    saved as `model/config.json` + `model/model.pt` (not a transformers model)."""
+    saved as `model/config.json` + `model/model.pt` (not a transformers model). An `output_dir` that another live
+    process is writing is refused (training/run_lock.py)."""
     from ... import AnGPTForSequenceClassification
     from .paper_encoder import PaperEncoderForSequenceClassification
 
