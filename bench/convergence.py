@@ -33,11 +33,12 @@ import math
 import os
 import pathlib
 import statistics
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 
 import results_file as rf
 from convergence_plot import plot
 from convergence_runs import ABLATIONS, SETTINGS, load_results, prepare_data, run_name, run_one
+from worker_pool import worker_pool
 
 ARCHS = ("gptplus", "ngpt", "angpt")
 # Per size: model shape, run length, and the centre of each architecture's initial learning-rate grid.
@@ -101,9 +102,7 @@ def execute(cfg: dict, report, plan=needed_runs) -> list[dict]:
             results.append(run_one(todo[0], cfg))
             report(results)
         return results
-    import multiprocessing
-
-    with ProcessPoolExecutor(cfg["jobs"], mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(cfg["jobs"]) as pool:
         running = {}
         while True:
             for spec in plan(results, cfg):

@@ -241,11 +241,10 @@ def for_each_model(cfg: dict, work) -> dict:
     first, once, so the jobs do not race to build them."""
     tasks = [(variant, seed) for variant in cfg["variants"] for seed in seed_ids(cfg)]
     if cfg["jobs"] > 1 and len(tasks) > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
+        from worker_pool import worker_pool
 
         prepare_data(cfg)
-        with ProcessPoolExecutor(min(cfg["jobs"], len(tasks)), mp_context=get_context("spawn")) as pool:
+        with worker_pool(min(cfg["jobs"], len(tasks))) as pool:
             done = list(pool.map(_in_worker, [(work, cfg, variant, seed) for variant, seed in tasks]))
     else:
         done = [work(cfg, variant, seed) for variant, seed in tasks]

@@ -32,8 +32,6 @@ import re
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -41,6 +39,7 @@ sys.path.insert(1, str(HERE.parent))
 
 from results_file import (add_output_arguments, command_line, counted, cpu_name, gpu_name,  # noqa: E402
                           help_description, plot_link, save_figure, update_section)
+from worker_pool import worker_pool  # noqa: E402
 
 VARIANTS = {
     "full": {"attention_sparsity": "none"},
@@ -291,7 +290,7 @@ def main(argv=None) -> dict:
                                  output_dir=str(output_dir / task / variant / f"seed{seed}")))
     try:
         if args.jobs > 1:
-            with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:
+            with worker_pool(args.jobs) as pool:
                 runs = list(pool.map(one_run, jobs))
         else:
             runs = [one_run(job) for job in jobs]
