@@ -58,7 +58,7 @@ def test_hold_creates_a_missing_directory_and_removes_it_only_if_left_empty(tmp_
 
     with hold(tmp_path / "a" / "run"):
         assert (tmp_path / "a" / "run").is_dir()
-    assert not (tmp_path / "a" / "run").exists()  # a refused or failed run leaves no empty directory behind
+    assert not (tmp_path / "a").exists()  # a refused or failed run leaves no empty directory behind
     with hold(tmp_path / "b"):
         (tmp_path / "b" / "metrics.jsonl").write_text("{}\n")
     assert (tmp_path / "b" / "metrics.jsonl").exists()

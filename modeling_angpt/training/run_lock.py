@@ -34,14 +34,14 @@ class RunDirInUseError(RunDirError):
 
 @contextlib.contextmanager
 def hold(output_dir: str | os.PathLike, enabled: bool = True):
-    """Hold `output_dir` for one run: create it if absent (and remove it again on exit if the run left it empty),
-    take the lock, release it on exit. `enabled=False` (ranks other than the main one of a distributed run, which
-    share the directory with it) does nothing."""
+    """Hold `output_dir` for one run: create it if absent (and on exit remove again the directories this created,
+    if the run left them empty), take the lock, release it on exit. `enabled=False` (ranks other than the main one
+    of a distributed run, which share the directory with it) does nothing."""
     if not enabled:
         yield
         return
     path = Path(output_dir)
-    created = not path.exists()
+    created = [p for p in (path, *path.parents) if not p.exists()]  # the directory first, then its new parents
     path.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -49,9 +49,11 @@ def hold(output_dir: str | os.PathLike, enabled: bool = True):
         yield
     finally:
         os.close(fd)  # releases the lock
-        if created:
-            with contextlib.suppress(OSError):  # not empty: the run wrote there
-                path.rmdir()
+        for directory in created:
+            try:
+                directory.rmdir()
+            except OSError:  # not empty: the run wrote there
+                break
 
 
 def holding_output_dir(function):
