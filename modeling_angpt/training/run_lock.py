@@ -9,7 +9,7 @@ directory, when another process holds it. The kernel drops the lock when its hol
 no stale lock is ever left behind.
 
 The lock is advisory and best effort: where the platform or file system has no `flock` on directories (Windows,
-some network file systems), runs go on unguarded, as they did before.
+some network file systems), runs go on unguarded.
 """
 from __future__ import annotations
 
@@ -43,12 +43,14 @@ def hold(output_dir: str | os.PathLike, enabled: bool = True):
     path = Path(output_dir)
     created = [p for p in (path, *path.parents) if not p.exists()]  # the directory first, then its new parents
     path.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDONLY)
+    fd = None if fcntl is None else os.open(path, os.O_RDONLY)  # Windows cannot open a directory
     try:
-        _lock(fd, path)
+        if fd is not None:
+            _lock(fd, path)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd is not None:
+            os.close(fd)  # releases the lock
         for directory in created:
             try:
                 directory.rmdir()
@@ -70,8 +72,6 @@ def holding_output_dir(function):
 
 
 def _lock(fd: int, path: Path) -> None:
-    if fcntl is None:
-        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as error:
