@@ -63,13 +63,12 @@ def run_one(spec: dict, cfg: dict) -> dict:
 
     torch.set_num_threads(cfg["threads"])
     out = pathlib.Path(cfg["output_dir"]) / run_name(spec)
-    shutil.rmtree(out, ignore_errors=True)
     recipe = recipe_for(spec, cfg, out)
     tokens_per_step = recipe.per_device_train_batch_size * recipe.block_size * recipe.gradient_accumulation_steps
     start = time.perf_counter()
     diverged_at = None
     try:
-        result = train(recipe)
+        result = train(recipe, overwrite=True)  # an unfinished earlier run; refused if one is still live
         val, diverged = result.val_losses, False
         precision = ("bf16 autocast" if result.accelerator.mixed_precision == "bf16" else
                      "float32 (the recipe's bf16 replaced: this CPU has no native bfloat16)" if recipe.bf16 else
