@@ -92,9 +92,9 @@ def one_run(job: dict) -> dict:
         if not (out / "resume.pt").exists():
             raise ValueError(f"{out} holds a finished {summary['epochs_budget']}-epoch run without resume.pt, which "
                              f"cannot be extended to --epochs {job['epochs']}; choose another --output-dir")
-    elif (out / "metrics.jsonl").exists() and not (out / "resume.pt").exists():
-        (out / "metrics.jsonl").unlink()  # an interrupted run that saved no state: start it again
-    earlier = len((out / "metrics.jsonl").read_text().splitlines()) if (out / "metrics.jsonl").exists() else 0
+    # epochs trained by earlier calls: none without a saved state (run_protocol, holding the directory's lock,
+    # starts again a run killed before it saved one)
+    earlier = len((out / "metrics.jsonl").read_text().splitlines()) if (out / "resume.pt").exists() else 0
     torch.set_num_threads(job["threads"])
     summary = run_protocol(job["task"], out, seed=job["seed"], epochs=job["epochs"], n_train=job["n_train"],
                            n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],

@@ -53,6 +53,33 @@ def test_a_stopped_or_extended_run_matches_an_uninterrupted_one(tmp_path, backbo
         assert json.loads((tmp_path / name / "summary.json").read_text())["epochs_run"] == 4
 
 
+def test_a_run_killed_before_its_first_saved_state_starts_again_and_no_later_one_does(tmp_path):
+    """Killed between logging epoch 1 and saving the state after it, a run has one metrics line and no resume.pt:
+    resuming it trains it from the start (the uninterrupted run is the oracle). Two lines without a resume.pt
+    mean the state was removed: refused, the lines kept."""
+    from modeling_angpt.evaluation.semantic_focus import run_protocol
+    from modeling_angpt.evaluation.semantic_focus.protocol import OutputExistsError
+
+    whole = run_protocol("parity", tmp_path / "whole", epochs=2, backbone="paper", log=quiet, **SMALL)
+    for name, dies_at in (("first", 2), ("later", 3)):
+        with pytest.raises(Stop):
+            run_protocol("parity", tmp_path / name, epochs=2 if name == "first" else 3, backbone="paper",
+                         log=stop_at_epoch(dies_at), **SMALL)
+        (tmp_path / name / "resume.pt").unlink()
+
+    with pytest.raises(OutputExistsError, match="seed 0 there, 1 here"):  # another run is not started in its place
+        run_protocol("parity", tmp_path / "first", epochs=2, seed=1, backbone="paper", log=quiet, resume=True,
+                     **SMALL)
+    again = run_protocol("parity", tmp_path / "first", epochs=2, backbone="paper", log=quiet, resume=True, **SMALL)
+    logged = [json.loads(line) for line in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()]
+    assert without_time(again["history"]) == without_time(logged) == without_time(whole["history"])
+
+    metrics = (tmp_path / "later" / "metrics.jsonl").read_text()
+    with pytest.raises(OutputExistsError, match="no resume.pt"):
+        run_protocol("parity", tmp_path / "later", epochs=3, backbone="paper", log=quiet, resume=True, **SMALL)
+    assert (tmp_path / "later" / "metrics.jsonl").read_text() == metrics and len(metrics.splitlines()) == 2
+
+
 def test_resume_refuses_another_runs_settings_and_a_run_without_state(tmp_path):
     from modeling_angpt.evaluation.semantic_focus import run_protocol
     from modeling_angpt.evaluation.semantic_focus.protocol import OutputExistsError

@@ -70,6 +70,11 @@ def _saved_state(out: Path, settings: dict) -> dict:
     if not (out / RESUME).is_file() or not (out / "run.json").is_file():
         raise OutputExistsError(f"{out} holds results but no {RESUME} to resume from; choose another output "
                                 "directory")
+    _check_settings(out, settings)
+    return torch.load(out / RESUME, map_location="cpu", weights_only=True)
+
+
+def _check_settings(out: Path, settings: dict) -> None:
     saved = json.loads((out / "run.json").read_text())
     wanted = json.loads(json.dumps(settings, default=str))
     differ = [f"{key} {saved.get(key)!r} there, {value!r} here" for key, value in wanted.items()
@@ -77,7 +82,15 @@ def _saved_state(out: Path, settings: dict) -> dict:
     if differ:
         raise OutputExistsError(f"{out} holds a run with other settings ({'; '.join(differ)}); resume it with its "
                                 "own settings or choose another output directory")
-    return torch.load(out / RESUME, map_location="cpu", weights_only=True)
+
+
+def _killed_before_first_save(out: Path) -> bool:
+    """A run stopped between logging its first epoch and saving the state after it: at most that one line in
+    metrics.jsonl, no resume.pt, no summary.json. Resuming it is starting it again (the line is rewritten). More
+    lines without a resume.pt are another matter (the state was removed), and _saved_state refuses them."""
+    if (out / RESUME).exists() or (out / "summary.json").exists() or not (out / METRICS).is_file():
+        return False
+    return len((out / METRICS).read_text().splitlines()) <= 1
 
 
 def model_config(task: str, *, architecture: str = "gptplus", qk_norm: bool = False, hidden_size: int = 64,
@@ -219,11 +232,12 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     `summary.json`, and `model/` (weights, config and the task's tokenizer). `resume=True` continues the run in
     `output_dir` from its `resume.pt`, a stopped one or a finished one given more `epochs`, and gives the
     history an uninterrupted run would have; it refuses a run trained with other settings (`RESUMABLE` aside)
-    and starts afresh when the directory holds no results. `output_dir=None` keeps everything in memory.
-    `model_kwargs` go to `model_config` (attention settings, architecture, ...). `stop_at_train_acc` ends the run
-    early once training accuracy reaches it. `deadline` (a `time.time()` value) ends it early, after the last epoch
-    that its predecessor's duration says would finish before then, and marks the summary `stopped_at_deadline`;
-    its saved state lets a later call with `resume` continue it (to fit a run into a lease of machine time).
+    and starts afresh when the directory holds no results, or only a first epoch logged before its state was
+    saved. `output_dir=None` keeps everything in memory. `model_kwargs` go to `model_config` (attention settings,
+    architecture, ...). `stop_at_train_acc` ends the run early once training accuracy reaches it. `deadline` (a
+    `time.time()` value) ends it early, after the last epoch that its predecessor's duration says would finish
+    before then, and marks the summary `stopped_at_deadline`; its saved state lets a later call with `resume`
+    continue it (to fit a run into a lease of machine time).
     `backbone="paper"`: the paper's encoder (paper_encoder.py; `model_kwargs` as PaperEncoderConfig's fields),
     saved as `model/config.json` + `model/model.pt` (not a transformers model). An `output_dir` that another live
     process is writing is refused (training/run_lock.py)."""
@@ -243,14 +257,17 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     settings = dict(task=task, backbone=backbone, seed=seed, epochs=epochs, n_train=n_train, n_heldout=n_heldout,
                     batch_size=batch_size, lr=lr, gamma=gamma, grad_clip=grad_clip, device=device,
                     stop_at_train_acc=stop_at_train_acc, task_kwargs=task_kwargs or {}, model=model_kwargs)
-    state = None
+    state, restarted = None, False
     if out is not None:
         if (out / METRICS).exists() or (out / "summary.json").exists():
             if not resume:
                 raise OutputExistsError(f"{out} already holds results ({METRICS}); resume it or choose another "
                                         "output directory")
-            state = _saved_state(out, settings)
-            if len(state["history"]) > epochs:
+            restarted = _killed_before_first_save(out)
+            if restarted and (out / "run.json").is_file():
+                _check_settings(out, settings)  # the same run started again, not another one in its place
+            state = None if restarted else _saved_state(out, settings)
+            if state is not None and len(state["history"]) > epochs:
                 raise OutputExistsError(f"{out} holds a run of {len(state['history'])} epochs, more than epochs="
                                         f"{epochs}; resume it with at least that budget")
         out.mkdir(parents=True, exist_ok=True)
@@ -281,6 +298,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         if "cuda_rng" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         history = state["history"]
+    if state is not None or restarted:
         # epochs logged after the last saved state (a run killed between the two writes) are trained again
         (out / METRICS).write_text("".join(json.dumps(row) + "\n" for row in history))
     title = (f"{task}: {config.architecture}, sparsity={config.attention_sparsity}"
@@ -295,7 +313,8 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            writer = SummaryWriter(str(out / "tensorboard"), purge_step=len(history) + 1 if history else None)
+            purge = len(history) + 1 if history or restarted else None  # drop the epochs trained again
+            writer = SummaryWriter(str(out / "tensorboard"), purge_step=purge)
     stopped = bool(history) and stop_at_train_acc is not None and history[-1]["train_acc"] >= stop_at_train_acc
     stopped_at_deadline = False
     for epoch in range(len(history) + 1, 0 if stopped else epochs + 1):
