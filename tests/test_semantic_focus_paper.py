@@ -173,7 +173,7 @@ def test_benchmark_writes_a_named_section_beside_the_others_and_reuses_finished_
 
 
 def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys, semantic_focus_bench):
-    for argv, expected in ((["--tasks", "even_pairs,missing_duplicates"], "--tasks: unknown missing_duplicates"),
+    for argv, expected in ((["--tasks", "even_pairs,cycle_navigation"], "--tasks: unknown cycle_navigation"),
                            (["--variants", "full,dense"], "--variants: unknown dense"),
                            (["--section", "throughput"], "--section: expected a name like semantic_focus_parity")):
         with pytest.raises(SystemExit) as stopped:
@@ -182,3 +182,16 @@ def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, caps
         error = capsys.readouterr().err.strip().splitlines()[-1]
         assert expected in error and "Traceback" not in error
     assert not (tmp_path / "never").exists()
+
+
+def test_benchmark_runs_missing_duplicates_on_request_at_the_papers_budget(tmp_path, semantic_focus_bench):
+    # the default task list is the reproduction's three; Missing Duplicates runs when named, with its paper budget
+    assert "missing_duplicates" not in semantic_focus_bench.DEFAULT_TASKS
+    result = semantic_focus_bench.main(["--smoke", "--backbone", "paper", "--tasks", "missing_duplicates",
+                                        "--variants", "full,topk", "--no-write", "--jobs", "1", "--threads", "1",
+                                        "--output-dir", str(tmp_path)])
+    assert [(run["task"], run["variant"]) for run in result["runs"]] == [("missing_duplicates", "full"),
+                                                                          ("missing_duplicates", "topk")]
+    assert all(run["epochs_run"] == 1 for run in result["runs"])
+    assert "| missing_duplicates | 40 / 20 | 40 | 1 (250) | 1 |" in result["section"]
+    assert "| missing_duplicates | topk |" in result["section"] and "- missing_duplicates: " in result["section"]
