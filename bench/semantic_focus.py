@@ -1,9 +1,10 @@
 #!/usr/bin/env python
 """Semantic focus (Ram et al.): full vs top-k (k=5) vs window (5) vs block (5) attention on Even Pairs,
 Parity and ListOps (and, on request, Missing Duplicates) with the paper's protocol (`angpt semantic-focus`:
-bidirectional classifier, mean pooling, SGD + StepLR, batch 25, clip 0.5), several seeds. Reports the first epoch with ≥ 95 % training accuracy (the
-paper's convergence criterion) and the held-out accuracy, writes its section of bench/RESULTS.md and
-bench/plots/semantic_focus*.png. The paper: top-k converges faster than full attention; window and block do not.
+bidirectional classifier, mean pooling, SGD + StepLR, batch 25, clip 0.5), several seeds. Reports the first
+epoch with ≥ 95 % training accuracy (the paper's convergence criterion) and the held-out accuracy, writes its
+section of bench/RESULTS.md and bench/plots/semantic_focus*.png. The paper: top-k converges faster than full
+attention; window and block do not.
 
 Profiles (sizes per task are in PROFILES below):
     python bench/semantic_focus.py            # default: 3 seeds, about two hours on 2 CPU cores
