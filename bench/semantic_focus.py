@@ -62,11 +62,12 @@ BACKBONE_TEXT = {
              "with biases, dropout 0.01 on embeddings, attention probabilities, MLP and residuals, no final LN, "
              "mean pooling over all positions (PAD included), classifier U(±0.1), PyTorch default init elsewhere",
 }
-# per task: n_train, n_heldout, epochs, task kwargs (ListOps lengths)
+# per task: n_train, n_heldout, epochs (None: the paper's budget, the task registry's `epochs`), task kwargs
+# (ListOps lengths)
 PROFILES = {
-    "paper": {"seeds": 3, "even_pairs": (5000, 2000, 100, {}), "parity": (5000, 2000, 1000, {}),
-              "listops": (5000, 2000, 200, {"min_length": 501, "max_length": 599}),
-              "missing_duplicates": (5000, 2000, 250, {})},
+    "paper": {"seeds": 3, "even_pairs": (5000, 2000, None, {}), "parity": (5000, 2000, None, {}),
+              "listops": (5000, 2000, None, {"min_length": 501, "max_length": 599}),
+              "missing_duplicates": (5000, 2000, None, {})},
     "default": {"seeds": 3, "even_pairs": (5000, 2000, 15, {}), "parity": (5000, 2000, 15, {}),
                 "listops": (1000, 400, 8, {"min_length": 101, "max_length": 199}),
                 "missing_duplicates": (5000, 2000, 15, {})},
@@ -266,7 +267,6 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
 
     name = "quick" if args.quick else "paper" if args.paper else "smoke" if args.smoke else "default"
-    settings = PROFILES[name]
     tasks, variants = args.tasks.split(","), args.variants.split(",")
     for given, known, flag, hint in ((tasks, TASKS, "--tasks", " (other tasks: angpt semantic-focus --task NAME)"),
                                      (variants, VARIANTS, "--variants", "")):
@@ -276,11 +276,18 @@ def main(argv=None) -> dict:
                          f"{','.join(known)}{hint}")
     if args.section is not None and not re.fullmatch(r"semantic_focus_\w+", args.section):
         parser.error(f"--section: expected a name like semantic_focus_parity (letters, digits, _), got {args.section!r}")
-    seeds = args.seeds or settings["seeds"]
+    seeds = args.seeds or PROFILES[name]["seeds"]
     if seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds {seeds} --first-seed {args.first_seed}: expected at least one seed, the first ≥ 0")
     if args.time_limit is not None and args.time_limit <= 0:
         parser.error(f"--time-limit {args.time_limit:g}: expected a positive number of minutes")
+    from modeling_angpt.evaluation.semantic_focus import get_task  # imports the model library: after the checks
+
+    paper_epochs = {task: get_task(task).epochs for task in TASKS}
+    settings = {}  # per task: n_train, n_heldout, epochs, task kwargs
+    for task in TASKS:
+        n_train, n_heldout, epochs, task_kwargs = PROFILES[name][task]
+        settings[task] = n_train, n_heldout, epochs or paper_epochs[task], task_kwargs
     seed_ids = range(args.first_seed, args.first_seed + seeds)
     suffix = "_paper_encoder" if args.backbone == "paper" else ""  # own sections, plots and runs per backbone
     output_dir = pathlib.Path(args.output_dir or f"runs/semantic_focus-{name}{suffix.replace('_', '-')}")
@@ -325,7 +332,6 @@ def main(argv=None) -> dict:
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
              "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]
-    paper_epochs = {t: PROFILES["paper"][t][2] for t in TASKS}
     for task in tasks:
         n_train, n_heldout, epochs, kw = settings[task]
         length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"
