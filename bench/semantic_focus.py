@@ -177,7 +177,8 @@ def _run_time(runs) -> str:
             epochs = f"{', '.join(map(str, continued[:-1]))} and {epochs}"
         earlier.append(f"{len(continued)} continued from an earlier invocation after {epochs} epochs")
     seconds = [epoch["seconds"] for r in runs for epoch in r["history"]]
-    return (f" ({'; '.join(earlier)}; the epochs of all {len(runs)} took "
+    every = "both" if len(runs) == 2 else f"all {len(runs)}"
+    return (f" ({'; '.join(earlier)}; the epochs of {every} took "
             f"{sum(seconds) / 60:.0f} min of run time, median {statistics.median(seconds):.1f} s per epoch)")
 
 

@@ -198,7 +198,7 @@ def test_benchmark_time_limit_names_the_cut_runs_and_the_same_command_continues_
     continued = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut")])
     assert not any(run["reused"] or run["stopped_at_deadline"] for run in continued["runs"])
     assert "Stopped by" not in continued["section"]
-    assert ("(2 continued from an earlier invocation after 1 and 1 epochs; the epochs of all 2 took"
+    assert ("(2 continued from an earlier invocation after 1 and 1 epochs; the epochs of both took"
             in continued["section"])
     for run, oracle in zip(continued["runs"], whole["runs"]):
         assert without_time(run["history"]) == without_time(oracle["history"])
