@@ -177,8 +177,8 @@ def _run_time(runs) -> str:
             epochs = f"{', '.join(map(str, continued[:-1]))} and {epochs}"
         earlier.append(f"{len(continued)} continued from an earlier invocation after {epochs} epochs")
     seconds = [epoch["seconds"] for r in runs for epoch in r["history"]]
-    every = "both" if len(runs) == 2 else f"all {len(runs)}"
-    return (f" ({'; '.join(earlier)}; the epochs of {every} took "
+    every = {1: "its epochs", 2: "the epochs of both"}.get(len(runs), f"the epochs of all {len(runs)}")
+    return (f" ({'; '.join(earlier)}; {every} took "
             f"{sum(seconds) / 60:.0f} min of run time, median {statistics.median(seconds):.1f} s per epoch)")
 
 

@@ -208,6 +208,18 @@ def test_benchmark_time_limit_names_the_cut_runs_and_the_same_command_continues_
     assert "--time-limit -1: expected a positive number of minutes" in err
 
 
+def test_run_time_line_counts_the_runs_in_words(semantic_focus_bench):
+    def run(earlier, *seconds):
+        return {"reused": False, "epochs_earlier": earlier, "history": [{"seconds": s} for s in seconds]}
+
+    assert semantic_focus_bench._run_time([run(0, 1.0)]) == ""
+    assert semantic_focus_bench._run_time([run(4, 60.0, 120.0)]) == (
+        " (1 continued from an earlier invocation after 4 epochs; its epochs took 3 min of run time, "
+        "median 90.0 s per epoch)")
+    three = semantic_focus_bench._run_time([run(1, 60.0), run(2, 60.0), run(0, 60.0)])
+    assert "2 continued from an earlier invocation after 1 and 2 epochs; the epochs of all 3 took 3 min" in three
+
+
 def test_benchmark_names_the_gpu_of_a_cuda_run(monkeypatch, semantic_focus_bench):
     import torch
 
