@@ -5,17 +5,19 @@ it, training is unstable).
 The convergence benchmark's ablation found no instability without ν(α) at 4 layers. Without the factor, each of the
 2L residual updates (1 − α)h + αx of unit, independent h and x has norm √((1 − α)² + α²) instead of 1 (SPEC §1.3,
 docs/architectures.md), so the stream shrinks by about that factor per update, and the effect grows with depth
-at a fixed α init. This script trains anGPT at the convergence benchmark's default shape, data and recipe (SPEC §1:
-Adam, no warm-up, cosine to 0.01 × peak, clip 1.0, the project's width rule and s_z speed) at each LAYERS:ALPHA
-pair, with and without ν(α), side by side, and reports the final validation loss, whether it diverged, the largest
-rise of the validation loss above its running minimum, the largest gradient norm, and the residual stream's norm
-after each layer of the trained model on held-out text.
+at a fixed α init. This script trains anGPT at the convergence benchmark's shape, data and recipe (its default
+size, or with --device its GPU size; SPEC §1: Adam, no warm-up, cosine to 0.01 × peak, clip 1.0, the project's width
+rule and s_z speed) at each LAYERS:ALPHA pair, with and without ν(α), side by side, and reports the final validation
+loss, whether it diverged, the largest rise of the validation loss above its running minimum, the largest gradient
+norm, and the residual stream's norm after each layer of the trained model on held-out text.
 
     python bench/residual_nu_depth.py                    # 12 and 24 layers (~1 h on 2 CPU cores)
     python bench/residual_nu_depth.py --pairs 12:0.05 12:0.0333 24:0.0167 24:0.01 --seeds 3 --steps 40 \
         --eval-steps 20 --output-dir runs/residual_nu_depth_start --section residual_nu_depth_start \
         --title ", first 40 steps"                      # the start of training, three seeds
     python bench/residual_nu_depth.py --pairs 24:0.0167 --lr 0.004 --first-seed 2   # one long pair, seed 2 alone
+    python bench/residual_nu_depth.py --device --hidden 1024 --heads 16 --pairs 24:0.05 24:0.01 \
+        --output-dir runs/residual_nu_depth-device      # on a GPU: the convergence benchmark's device size, wider
 
 Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes.
 """
@@ -32,6 +34,13 @@ import convergence_runs
 import results_file as rf
 
 BEST_4_LAYER_LR = 8e-3  # anGPT's best peak rate in the convergence benchmark's sweep (bench/RESULTS.md)
+
+
+def default_lr(size: str) -> float:
+    """The measured 4-layer best, scaled for a size as the convergence benchmark scales the centre of its anGPT
+    sweep (the device size was not swept: a larger model and batch start from half the rate)."""
+    centre = lambda name: convergence.SIZES[name]["centre"]["angpt"]  # noqa: E731
+    return BEST_4_LAYER_LR * centre(size) / centre("default")
 
 
 def stream_norms(model, recipe, info: dict) -> dict:
@@ -204,8 +213,11 @@ def parse_config(argv) -> dict:
     parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (12, 0.0333), (24, 0.05)],
                         metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs (default: 12:0.05 "
                         "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
-    parser.add_argument("--lr", type=float, default=BEST_4_LAYER_LR,
-                        help="peak learning rate (default: anGPT's best at 4 layers)")
+    parser.add_argument("--size", choices=("default", "device"), default="default",
+                        help="the convergence benchmark's size whose shape, data and length the runs take")
+    parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device)")
+    parser.add_argument("--lr", type=float, help="peak learning rate (default: anGPT's best at 4 layers, 8e-3, "
+                        "halved at the device size as the convergence benchmark halves its sweep's centre)")
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds of every run")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="the first of those seeds (a long setting can then be run one seed at a time)")
@@ -222,8 +234,9 @@ def parse_config(argv) -> dict:
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds must be at least 1 and --first-seed at least 0, got {args.seeds} and {args.first_seed}")
-    cfg = dict(convergence.SIZES["default"])
-    cfg.update({k: v for k, v in vars(args).items() if v is not None})
+    size = "device" if args.device else args.size
+    cfg = dict(convergence.SIZES[size], lr=default_lr(size))
+    cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     return cfg
 

@@ -188,3 +188,20 @@ def test_residual_nu_depth_first_seed(bench, tmp_path, capsys):
     with pytest.raises(SystemExit):
         residual_nu_depth.main(args + ["--seeds", "0"])
     assert "--seeds must be at least 1 and --first-seed at least 0, got 0 and 0" in capsys.readouterr().err
+
+
+def test_residual_nu_depth_device_size(bench):
+    """--device takes the convergence benchmark's GPU size and half its CPU-size rate, as the convergence sweep's
+    centre does; flags given on the command line still win."""
+    import convergence
+    import residual_nu_depth
+
+    cpu = residual_nu_depth.parse_config([])
+    assert cpu["hidden"] == convergence.SIZES["default"]["hidden"] and cpu["lr"] == residual_nu_depth.BEST_4_LAYER_LR
+    for flags in (["--device"], ["--size", "device"]):
+        gpu = residual_nu_depth.parse_config(flags)
+        size = convergence.SIZES["device"]
+        assert (gpu["hidden"], gpu["block"], gpu["steps"]) == (size["hidden"], size["block"], size["steps"])
+        assert gpu["lr"] == pytest.approx(cpu["lr"] / 2)
+    wide = residual_nu_depth.parse_config(["--device", "--hidden", "1024", "--heads", "16", "--lr", "0.001"])
+    assert (wide["hidden"], wide["heads"], wide["lr"], wide["vocab"]) == (1024, 16, 0.001, size["vocab"])
