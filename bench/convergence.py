@@ -267,8 +267,7 @@ def ablation_table(summary: dict, seeds: int) -> list[str]:
 
 def parse_config(argv) -> dict:
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    parser.add_argument("--size", choices=SIZES, default="default")
-    parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device)")
+    rf.add_size_arguments(parser, SIZES)
     for name in ("hidden", "layers", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
     parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
@@ -288,8 +287,7 @@ def parse_config(argv) -> dict:
     parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
     rf.add_output_arguments(parser)
     args = parser.parse_args(argv)
-    cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
-    cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
+    cfg = rf.sized_config(SIZES, args)
     defaults = {**SIZES[cfg["size"]],
                 **{k: parser.get_default(k) for k in ("grid_points", "max_extend", "seeds", "ablation_seeds")}}
     cfg["changed"] = {k: [cfg[k], v] for k, v in defaults.items() if cfg[k] != v}

@@ -178,8 +178,7 @@ def shown(cfg: dict, path: str) -> str:
 
 def common_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments bench/length_generalisation.py and bench/needle.py share: the models and where they live."""
-    parser.add_argument("--size", choices=SIZES, default="default")
-    parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device), run on CUDA")
+    rf.add_size_arguments(parser, SIZES, "GPU settings (same as --size device), run on CUDA")
     for name in ("hidden", "layers", "heads", "vocab", "length", "batch", "steps", "windows"):
         parser.add_argument(f"--{name}", type=int, help="override the size's value")
     parser.add_argument("--lr", type=float, help="override the size's peak learning rate")
@@ -211,8 +210,7 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
 def resolve(args) -> dict:
     import torch
 
-    cfg = dict(SIZES["device" if args.device else args.size], size="device" if args.device else args.size)
-    cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
+    cfg = rf.sized_config(SIZES, args)
     cfg["torch_device"] = "cuda" if args.device else "cpu"
     cfg["eval_file"] = None
     if cfg["eval_corpus"] == "heldout":

@@ -325,7 +325,7 @@ def main(argv=None):
     parser.add_argument("--ft-lr", type=float, help="fine-tuning learning rate (default: the pretraining one)")
     parser.add_argument("--needle-recipe", default=str(rf.HERE.parent / "configuration/recipes/needle_finetune.yaml"))
     args = parser.parse_args(argv)
-    size = "device" if args.device else args.size
+    size = rf.chosen_size(args)
     for key, value in FINETUNE[size].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)

@@ -213,9 +213,7 @@ def parse_config(argv) -> dict:
     parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (12, 0.0333), (24, 0.05)],
                         metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs (default: 12:0.05 "
                         "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
-    parser.add_argument("--size", choices=("default", "device"), default="default",
-                        help="the convergence benchmark's size whose shape, data and length the runs take")
-    parser.add_argument("--device", action="store_true", help="GPU settings (same as --size device)")
+    rf.add_size_arguments(parser, ("default", "device"))  # the convergence benchmark's sizes, but its quick one
     parser.add_argument("--lr", type=float, help="peak learning rate (default: anGPT's best at 4 layers, 8e-3, "
                         "halved at the device size as the convergence benchmark halves its sweep's centre)")
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds of every run")
@@ -234,9 +232,8 @@ def parse_config(argv) -> dict:
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds must be at least 1 and --first-seed at least 0, got {args.seeds} and {args.first_seed}")
-    size = "device" if args.device else args.size
-    cfg = dict(convergence.SIZES[size], lr=default_lr(size))
-    cfg.update({k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")})
+    cfg = rf.sized_config(convergence.SIZES, args)
+    cfg.setdefault("lr", default_lr(cfg["size"]))  # --lr when given
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     return cfg
 

@@ -53,6 +53,23 @@ def add_output_arguments(parser) -> None:
     parser.add_argument("--no-write", action="store_true", help="print only, write neither RESULTS.md nor plots")
 
 
+def add_size_arguments(parser, sizes, device_help: str = "GPU settings (same as --size device)") -> None:
+    """--size, one of a benchmark's `sizes`, and --device, the shorthand for its GPU size."""
+    parser.add_argument("--size", choices=sizes, default="default", help="the benchmark's shape, data and length")
+    parser.add_argument("--device", action="store_true", help=device_help)
+
+
+def chosen_size(args) -> str:
+    return "device" if args.device else args.size
+
+
+def sized_config(sizes: dict, args) -> dict:
+    """The chosen size's settings and its name (`size`), with every argument given on the command line on top."""
+    size = chosen_size(args)
+    given = {k: v for k, v in vars(args).items() if v is not None and k not in ("size", "device")}
+    return {**sizes[size], "size": size, **given}
+
+
 def claim_output_dir(script: str, output_dir: str | pathlib.Path, settings: dict) -> None:
     """Record `settings` (what a finished run's result depends on beyond its name) in OUTPUT_DIR/settings.json, or
     stop with one line if the folder holds runs made with other settings: resuming from them would report another
