@@ -37,8 +37,13 @@ import pathlib
 import statistics
 import types
 
+import numpy as np
+
 import length_models as lm
 import results_file as rf
+
+# Upper edges of the by-position table's bins of target positions, in units of L: [0, L), [L, 2L), [2L, 4L), ...
+POSITION_BIN_EDGES = (1, 2, 4, 8, 16)
 
 
 def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
@@ -61,6 +66,40 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
     return losses
 
 
+def position_losses(cfg: dict, variant: str, seed: int) -> np.ndarray:
+    """Mean loss per target position in the longest windows (entry j: the token at position j + 1, predicted from
+    the j + 1 before it), as the length evaluator wrote it beside the checkpoint (length_eval/length.json)."""
+    written = json.loads((lm.checkpoint_dir(cfg, variant, seed) / "length_eval" / "length.json").read_text())
+    return np.asarray(written["position_loss"][f"x{cfg['multiples'][-1]}"], dtype=np.float64)
+
+
+def binned(curve: np.ndarray, length: int) -> list[float]:
+    """A position curve's mean loss in each bin of POSITION_BIN_EDGES that the window reaches: every variant is
+    scored on the same tokens in each bin, so a bin compares the variants on equal text; a bin past L holds only
+    tokens that see more context than the models trained with."""
+    edges = [0] + [e * length for e in POSITION_BIN_EDGES if e * length <= len(curve) + 1]
+    return [float(curve[max(a - 1, 0):b - 1].mean()) for a, b in zip(edges[:-1], edges[1:])]
+
+
+def by_position_table(curves: dict, cfg: dict) -> list[str]:
+    """Loss by position in the longest windows, mean over seeds per bin, and the change from the last bin within L
+    to the last bin: growth past L (the table above) split by how far past L a token stands."""
+    length = cfg["length"]
+    labels = [f"[{a}L, {b}L)".replace("[0L", "[0").replace(" 1L)", " L)").replace("[1L", "[L")
+              for a, b in zip((0,) + POSITION_BIN_EDGES, POSITION_BIN_EDGES) if b <= cfg["multiples"][-1]]
+    lines = [f"Loss by position in the {cfg['multiples'][-1]}L windows (the tokens of the last column above; mean "
+             "over seeds). A bin past L holds tokens that see more context than training gave. Each bin scores every "
+             "variant on the same tokens, so variants compare within a column; across columns the text differs "
+             "too, the same for every variant.", "",
+             "| variant | " + " | ".join(labels) + f" | {labels[-1]} − {labels[0]} |", "|---|" + "---|" * (len(labels) + 1)]
+    for variant, by_seed in curves.items():
+        if by_seed:
+            bins = [binned(curve, length) for curve in by_seed]
+            columns = [cell([b[i] for b in bins]) for i in range(len(labels))]
+            lines.append(f"| {variant} | " + " | ".join(columns) + f" | {cell([b[-1] - b[0] for b in bins], signed=True)} |")
+    return lines
+
+
 def mean_and_error(values: list[float]) -> tuple[float, float | None]:
     """Mean over seeds and its standard error (None for one seed): the table's cells and the plot's error bars."""
     mean = statistics.fmean(values)
@@ -77,10 +116,11 @@ def summary_row(losses_by_seed: list[dict], multiples: list[int]) -> list[str]:
     return [cell([losses[m] for losses in losses_by_seed]) for m in multiples]
 
 
-def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
+def section(results: dict, cfg: dict, command: str, png_link: str, curves: dict | None = None,
+            position_png_link: str | None = None) -> str:
     ms = cfg["multiples"]
     lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)"
-             + lm.title_suffix(cfg), "",
+             + lm.title_suffix(cfg) + seeds_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              rf.corpus_line(cfg.get("dataset_given", cfg["dataset"]), cfg["eval_file"]), "",
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
@@ -110,7 +150,18 @@ def section(results: dict, cfg: dict, command: str, png_link: str) -> str:
                   f"{'best' if order[0] == 'scale-invariant p-RoPE' else 'not best'}"
                   + (f" and RoPE {'worst' if order[-1] == 'RoPE' else 'not worst'}" if "RoPE" in done else "") + "."]
     lines += ["", f"![validation loss against evaluation length]({png_link})"]
+    if curves and any(curves.values()):
+        lines += ["", *by_position_table(curves, cfg), "",
+                  f"![validation loss against position in the {ms[-1]}L windows]({position_png_link})"]
     return "\n".join(lines)
+
+
+def seeds_suffix(cfg: dict) -> str:
+    """A section of its own (--section) names its seeds in the title, so it reads apart from the default one."""
+    if not cfg.get("section"):
+        return ""
+    seeds = lm.seed_ids(cfg)
+    return f", seed {seeds[0]}" if len(seeds) == 1 else f", seeds {seeds[0]}–{seeds[-1]}"
 
 
 def eval_description(cfg: dict) -> str:
@@ -119,8 +170,9 @@ def eval_description(cfg: dict) -> str:
                 "`--eval-corpus blocks`)")
     where = lm.shown(cfg, cfg["eval_file"])
     if cfg["eval_corpus"] == "heldout":
+        source = pathlib.Path(cfg["eval_file"]).name.removesuffix("_heldout.txt") + ".txt"  # held_out_split's name
         return (f"contiguous held-out text, `{where}` (the last {lm.HELDOUT_CHARS // 1000}k characters of "
-                f"{lm.HELDOUT_SOURCE}, cut at a blank line; the models trained on the rest of the corpus, "
+                f"{source}, cut at a blank line; the models trained on the rest of the corpus, "
                 f"`{lm.shown(cfg, cfg['dataset'])}`)")
     return f"contiguous text from `{where}` (`--eval-corpus`)"
 
@@ -148,6 +200,33 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
     rf.save_figure(figure, path)
 
 
+def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octave: int = 4) -> None:
+    """Loss against position in the longest windows, one curve per variant (mean over seeds), in bins growing
+    geometrically from L/8 wide, as the length evaluator's own plot of one model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.5, 4.2))
+    for variant, by_seed in curves.items():
+        if by_seed:
+            curve = np.mean(by_seed, axis=0)
+            edges = [1]
+            while edges[-1] < len(curve) + 1:
+                edges.append(min(len(curve) + 1, max(edges[-1] + max(1, cfg["length"] // 8),
+                                                     round(edges[-1] * 2 ** (1 / bins_per_octave)))))
+            centres = [math.sqrt(a * (b - 1)) for a, b in zip(edges[:-1], edges[1:])]
+            axis.plot(centres, [curve[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])], ".-", label=variant)
+    axis.axvline(cfg["length"], color="grey", linestyle="--", linewidth=1)
+    axis.set(xlabel=f"position in the {cfg['multiples'][-1]}L windows (tokens)", ylabel="validation loss (binned)",
+             title=f"trained at L={cfg['length']}, mean over seeds")
+    axis.set_xscale("log", base=2)
+    axis.legend(fontsize=8)
+    axis.grid(alpha=0.3)
+    rf.save_figure(figure, path)
+
+
 def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
     return evaluate_variant(cfg, variant, seed, lm.train_variant(cfg, variant, seed))
 
@@ -155,14 +234,22 @@ def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     lm.common_arguments(parser)
+    parser.add_argument("--section", help="the RESULTS.md section to write (default length_generalisation, "
+                                          "or length_generalisation_split_digits); its title then names the seeds")
     cfg = lm.resolve(parser.parse_args(argv))
     results = lm.for_each_model(cfg, train_and_evaluate)
-    png = pathlib.Path(cfg["plots_dir"]) / f"{lm.section_name('length_generalisation', cfg)}.png"
-    text = section(results, cfg, rf.command_line("length_generalisation.py", argv), rf.plot_link(cfg["results"], png))
+    curves = {variant: [position_losses(cfg, variant, seed) for seed in lm.seed_ids(cfg)] if results[variant] else []
+              for variant in results}
+    name = cfg.get("section") or lm.section_name("length_generalisation", cfg)
+    png = pathlib.Path(cfg["plots_dir"]) / f"{name}.png"
+    position_png = png.with_name(f"{name}_by_position.png")
+    text = section(results, cfg, rf.command_line("length_generalisation.py", argv), rf.plot_link(cfg["results"], png),
+                   curves, rf.plot_link(cfg["results"], position_png))
     print(text)
     if not cfg["no_write"]:
         plot(results, cfg, png)
-        rf.update_section(lm.section_name("length_generalisation", cfg), text, cfg["results"])
+        plot_by_position(curves, cfg, position_png)
+        rf.update_section(name, text, cfg["results"])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from bench_fixtures import BENCH, TINY, bench  # noqa: F401 (fixture)
@@ -67,7 +68,10 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     assert "| left the plateau: step (lr sum) | answers in the format at 1L / 4L |" in text
     assert "| variant | 4L, ≤ 1L away | 4L, 1–2L away | 4L, 2–4L away |" in text.split("<!-- needle:start -->")[1]
     assert "loss at 16L (4096)" in text
+    assert "| variant | [0, L) | [L, 2L) | [2L, 4L) | [4L, 8L) | [8L, 16L) | [8L, 16L) − [0, L) |" in text
+    assert "| scale-invariant p-RoPE |" in text.split("Loss by position in the 16L windows")[1]
     assert (tmp_path / "plots" / "length_generalisation.png").is_file() and (tmp_path / "plots" / "needle.png").is_file()
+    assert (tmp_path / "plots" / "length_generalisation_by_position.png").is_file()
     # default --eval-corpus heldout: trained on the corpus less its tail, evaluated on that tail as running text
     split = tmp_path / ".length_split" / "corpus"
     head, tail = (split / "train" / "corpus_head.txt").read_text(), (split / "corpus_heldout.txt").read_text()
@@ -79,12 +83,33 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     assert evaluated["source"].startswith(str(split / "corpus_heldout.txt"))
     assert "contiguous held-out text" in text.split("<!-- length_generalisation:start -->")[1]
     # --p-rope-base changes the p-RoPE variants' slowest frequency only, and the section names it
+    # (into a section of its own, --section, whose title names its seed; the default section stays as it was)
+    def default_section():
+        return results.read_text().split("<!-- length_generalisation:start -->")[1].split("<!-- length_generalisation:end")[0]
+
+    before = default_section()
     length_generalisation.main([*models[:models.index("--output-dir")], "--output-dir", str(tmp_path / "base64"),
-                                "--windows", "1", "--p-rope-base", "64", *out])
+                                "--windows", "1", "--p-rope-base", "64", "--section", "length_base64", *out])
     for variant, base in (("scale-invariant_p-rope", 64.0), ("rope", None)):
         config = json.loads((tmp_path / "base64" / f"{variant}-s0" / "final" / "config.json").read_text())
         assert config["rope_parameters"].get("effective_base") == base
-    assert "p_rope_base 64.0 (default 1024.0)" in results.read_text().split("<!-- length_generalisation:start -->")[1]
+    text = results.read_text()
+    assert "p_rope_base 64.0 (default 1024.0)" in text.split("<!-- length_base64:start -->")[1]
+    assert "(scale-invariant paper, Table 1), seed 0\n" in text.split("<!-- length_base64:start -->")[1]
+    assert default_section() == before
+    assert (tmp_path / "plots" / "length_base64_by_position.png").is_file()
+
+
+def test_position_bins_average_the_target_positions_they_name(bench):
+    """The by-position table's bins against positions counted directly: entry j of the evaluator's curve is the
+    token at position j + 1, so a curve whose value is that position averages to the middle of each bin."""
+    import length_generalisation
+
+    length = 8
+    curve = np.arange(1, 16 * length, dtype=np.float64)  # positions 1 … 16L − 1
+    expected = [np.mean(np.arange(max(a * length, 1), b * length)) for a, b in ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16))]
+    assert length_generalisation.binned(curve, length) == pytest.approx(expected)
+    assert len(length_generalisation.binned(curve[:4 * length - 1], length)) == 3  # a 4L window: bins up to 4L
 
 
 def test_length_generalisation_eval_corpus_options(bench, tmp_path):
