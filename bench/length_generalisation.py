@@ -11,7 +11,9 @@ GPT with QK-norm), shape, data, seed and recipe; only the attention config diffe
 checkpoint is kept under OUTPUT_DIR/<variant>-s<seed>/final (bench/needle.py fine-tunes the same ones), and a
 finished training or evaluation is reused when the script runs again. `--seeds N` trains N models per variant,
 seeds 0 … N-1; `--first-seed K` starts them at K, so a later session can add seed K alone (the same model, in the
-same directory, as in a run of more seeds).
+same directory, as in a run of more seeds). Beside the table of losses, the section splits the 16L windows' loss
+by position ([0, L), [L, 2L), [2L, 4L), ...: how far past L the growth happens) from the per-position curves the
+evaluator writes (length_eval/length.json), with a second plot; `--section NAME` writes a section of its own.
 
     python bench/length_generalisation.py --jobs 2 --threads 1   # d=128, 4 layers, L=256, 1500 steps (~35 min, 2 cores)
     python bench/length_generalisation.py --size quick    # minutes
@@ -201,23 +203,19 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
 
 
 def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octave: int = 4) -> None:
-    """Loss against position in the longest windows, one curve per variant (mean over seeds), in bins growing
-    geometrically from L/8 wide, as the length evaluator's own plot of one model."""
+    """Loss against position in the longest windows, one curve per variant (mean over seeds), in the bins of the
+    length evaluator's own plot of one model (`binned_curve`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from modeling_angpt.evaluation.length import binned_curve
+
     figure, axis = plt.subplots(figsize=(6.5, 4.2))
     for variant, by_seed in curves.items():
         if by_seed:
-            curve = np.mean(by_seed, axis=0)
-            edges = [1]
-            while edges[-1] < len(curve) + 1:
-                edges.append(min(len(curve) + 1, max(edges[-1] + max(1, cfg["length"] // 8),
-                                                     round(edges[-1] * 2 ** (1 / bins_per_octave)))))
-            centres = [math.sqrt(a * (b - 1)) for a, b in zip(edges[:-1], edges[1:])]
-            axis.plot(centres, [curve[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])], ".-", label=variant)
+            axis.plot(*binned_curve(np.mean(by_seed, axis=0), cfg["length"], bins_per_octave), ".-", label=variant)
     axis.axvline(cfg["length"], color="grey", linestyle="--", linewidth=1)
     axis.set(xlabel=f"position in the {cfg['multiples'][-1]}L windows (tokens)", ylabel="validation loss (binned)",
              title=f"trained at L={cfg['length']}, mean over seeds")

@@ -103,9 +103,22 @@ def length_generalisation(model, ids, train_length: int, multiples=DEFAULT_MULTI
     return report
 
 
+def binned_curve(losses, train_length: int, bins_per_octave: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """(bin centres, mean loss per bin) of a per-position curve (entry j: target position j + 1) in bins at least
+    L/8 wide and growing geometrically (`bins_per_octave` per doubling), so few windows still draw a readable curve
+    on a log axis; centres are the geometric middle of each bin's first and last position."""
+    losses = np.asarray(losses)
+    edges = [1]
+    while edges[-1] < len(losses) + 1:
+        grown = max(edges[-1] + max(1, train_length // 8), round(edges[-1] * 2 ** (1 / bins_per_octave)))
+        edges.append(min(len(losses) + 1, grown))
+    edges = np.array(edges)
+    means = np.array([losses[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])])
+    return np.sqrt(edges[:-1] * (edges[1:] - 1)), means
+
+
 def plot_loss_vs_position(report: LengthReport, path: Path, title: str = "", bins_per_octave: int = 4) -> Path:
-    """Loss against target position (log x), one curve per multiple, averaged over bins of positions at least L/8
-    wide and growing geometrically (`bins_per_octave` per doubling), so few windows still draw a readable curve."""
+    """Loss against target position (log x), one curve per multiple, in the bins of `binned_curve`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -113,15 +126,8 @@ def plot_loss_vs_position(report: LengthReport, path: Path, title: str = "", bin
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for multiple in sorted(report.position_loss):
-        losses = report.position_loss[multiple]  # entry j: target position j + 1
-        edges = [1]
-        while edges[-1] < len(losses) + 1:
-            grown = max(edges[-1] + max(1, report.train_length // 8), round(edges[-1] * 2 ** (1 / bins_per_octave)))
-            edges.append(min(len(losses) + 1, grown))
-        edges = np.array(edges)
-        means = [losses[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])]
-        ax.plot(np.sqrt(edges[:-1] * (edges[1:] - 1)), means, marker=".",
-                label=f"{multiple}× ({multiple * report.train_length} tokens)")
+        centres, means = binned_curve(report.position_loss[multiple], report.train_length, bins_per_octave)
+        ax.plot(centres, means, marker=".", label=f"{multiple}× ({multiple * report.train_length} tokens)")
     ax.axvline(report.train_length, color="grey", linestyle="--", linewidth=1, label="training length")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("position in the window (tokens)")
