@@ -49,13 +49,15 @@ POSITION_BIN_EDGES = (1, 2, 4, 8, 16)
 
 
 def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
-    """{multiple: loss} from the length evaluator, cached as length.json beside the checkpoint."""
+    """{multiple: loss} from the length evaluator, cached as summary.json beside the checkpoint (with the
+    evaluator's length.json, whose per-position curves the by-position tables read; an evaluation from before the
+    evaluator wrote `position_excess` is run again)."""
     from modeling_angpt.evaluation.length import run_suite
 
     out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
     cached = out / "summary.json"
     source = cfg["eval_file"] or "validation blocks"
-    if cached.is_file():
+    if cached.is_file() and "position_excess" in json.loads((out / "length.json").read_text()):
         summary = json.loads(cached.read_text())
         if summary.get("windows") == cfg["windows"] and summary.get("eval", "validation blocks") == source:
             return {int(k): v for k, v in summary["loss"].items()}
@@ -68,37 +70,49 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
     return losses
 
 
-def position_losses(cfg: dict, variant: str, seed: int) -> np.ndarray:
-    """Mean loss per target position in the longest windows (entry j: the token at position j + 1, predicted from
-    the j + 1 before it), as the length evaluator wrote it beside the checkpoint (length_eval/length.json)."""
+def position_curves(cfg: dict, variant: str, seed: int) -> dict[str, np.ndarray]:
+    """The longest windows' per-position curves the length evaluator wrote beside the checkpoint
+    (length_eval/length.json); entry j is the token at position j + 1, predicted from the j + 1 before it.
+    "loss": its mean loss; "excess": its mean loss minus the same token's loss in its 1× window (NaN where there
+    is nothing to compare: positions below L and those starting a 1× window)."""
     written = json.loads((lm.checkpoint_dir(cfg, variant, seed) / "length_eval" / "length.json").read_text())
-    return np.asarray(written["position_loss"][f"x{cfg['multiples'][-1]}"], dtype=np.float64)
+    key = f"x{cfg['multiples'][-1]}"
+    return {"loss": np.asarray(written["position_loss"][key], dtype=np.float64),
+            "excess": np.asarray([np.nan if v is None else v for v in written["position_excess"][key]])}
 
 
 def binned(curve: np.ndarray, length: int) -> list[float]:
-    """A position curve's mean loss in each bin of POSITION_BIN_EDGES that the window reaches: every variant is
-    scored on the same tokens in each bin, so a bin compares the variants on equal text; a bin past L holds only
-    tokens that see more context than the models trained with."""
+    """A position curve's mean (NaN entries left out) in each bin of POSITION_BIN_EDGES that the window reaches."""
     edges = [0] + [e * length for e in POSITION_BIN_EDGES if e * length <= len(curve) + 1]
-    return [float(curve[max(a - 1, 0):b - 1].mean()) for a, b in zip(edges[:-1], edges[1:])]
+    kept = [curve[max(a - 1, 0):b - 1] for a, b in zip(edges[:-1], edges[1:])]
+    kept = [values[~np.isnan(values)] for values in kept]
+    return [float(values.mean()) if values.size else float("nan") for values in kept]
 
 
-def by_position_table(curves: dict, cfg: dict) -> list[str]:
-    """Loss by position in the longest windows, mean over seeds per bin, and the change from the last bin within L
-    to the last bin: growth past L (the table above) split by how far past L a token stands."""
-    length = cfg["length"]
+def by_position_tables(curves: dict, cfg: dict) -> list[str]:
+    """The growth past L (the table above) split by how far past L a token stands: each variant's mean loss per bin
+    of positions in the longest windows, and its mean loss there minus the same tokens' loss in 1× windows."""
+    length, longest = cfg["length"], cfg["multiples"][-1]
     labels = [f"[{a}L, {b}L)".replace("[0L", "[0").replace(" 1L)", " L)").replace("[1L", "[L")
-              for a, b in zip((0,) + POSITION_BIN_EDGES, POSITION_BIN_EDGES) if b <= cfg["multiples"][-1]]
-    lines = [f"Loss by position in the {cfg['multiples'][-1]}L windows (the tokens of the last column above; mean "
-             "over seeds). A bin past L holds tokens that see more context than training gave. Each bin scores every "
-             "variant on the same tokens, so variants compare within a column; across columns the text differs "
-             "too, the same for every variant.", "",
-             "| variant | " + " | ".join(labels) + f" | {labels[-1]} − {labels[0]} |", "|---|" + "---|" * (len(labels) + 1)]
+              for a, b in zip((0,) + POSITION_BIN_EDGES, POSITION_BIN_EDGES) if b <= longest]
+    lines = [f"Where in the {longest}L windows the loss grows (the tokens of the last column above; mean over seeds). "
+             "First the mean loss per bin of positions; each bin scores every variant on the same tokens, so "
+             "variants compare within a column (across columns the text differs too, the same for every variant). "
+             "A bin past L holds tokens that see more context than training gave.", "",
+             "| variant | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for variant, by_seed in curves.items():
         if by_seed:
-            bins = [binned(curve, length) for curve in by_seed]
-            columns = [cell([b[i] for b in bins]) for i in range(len(labels))]
-            lines.append(f"| {variant} | " + " | ".join(columns) + f" | {cell([b[-1] - b[0] for b in bins], signed=True)} |")
+            bins = [binned(curve["loss"], length) for curve in by_seed]
+            lines.append(f"| {variant} | " + " | ".join(cell([b[i] for b in bins]) for i in range(len(labels))) + " |")
+    lines += ["", "Then each token's loss there minus its own loss in the 1× window that holds it (the text's "
+              "difficulty cancels; 0 for a model that ignores what lies past L, below 0 where it uses it, above 0 "
+              "where the longer context harms it):", "",
+              "| variant | " + " | ".join(labels[1:]) + " |", "|---|" + "---|" * (len(labels) - 1)]
+    for variant, by_seed in curves.items():
+        if by_seed:
+            bins = [binned(curve["excess"], length)[1:] for curve in by_seed]
+            lines.append(f"| {variant} | "
+                         + " | ".join(cell([b[i] for b in bins], signed=True) for i in range(len(labels) - 1)) + " |")
     return lines
 
 
@@ -153,7 +167,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str, curves: dict 
                   + (f" and RoPE {'worst' if order[-1] == 'RoPE' else 'not worst'}" if "RoPE" in done else "") + "."]
     lines += ["", f"![validation loss against evaluation length]({png_link})"]
     if curves and any(curves.values()):
-        lines += ["", *by_position_table(curves, cfg), "",
+        lines += ["", *by_position_tables(curves, cfg), "",
                   f"![validation loss against position in the {ms[-1]}L windows]({position_png_link})"]
     return "\n".join(lines)
 
@@ -203,8 +217,9 @@ def plot(results: dict, cfg: dict, path: pathlib.Path) -> None:
 
 
 def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octave: int = 4) -> None:
-    """Loss against position in the longest windows, one curve per variant (mean over seeds), in the bins of the
-    length evaluator's own plot of one model (`binned_curve`)."""
+    """Loss against position in the longest windows (left) and its excess over the same tokens' loss in 1× windows
+    (right, from L on), one curve per variant (mean over seeds), in the bins of the length evaluator's own plot of
+    one model (`binned_curve`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -212,16 +227,24 @@ def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octav
 
     from modeling_angpt.evaluation.length import binned_curve
 
-    figure, axis = plt.subplots(figsize=(6.5, 4.2))
+    length = cfg["length"]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for variant, by_seed in curves.items():
         if by_seed:
-            axis.plot(*binned_curve(np.mean(by_seed, axis=0), cfg["length"], bins_per_octave), ".-", label=variant)
-    axis.axvline(cfg["length"], color="grey", linestyle="--", linewidth=1)
-    axis.set(xlabel=f"position in the {cfg['multiples'][-1]}L windows (tokens)", ylabel="validation loss (binned)",
-             title=f"trained at L={cfg['length']}, mean over seeds")
-    axis.set_xscale("log", base=2)
-    axis.legend(fontsize=8)
-    axis.grid(alpha=0.3)
+            line, = left.plot(*binned_curve(np.mean([c["loss"] for c in by_seed], axis=0), length, bins_per_octave),
+                              ".-", label=variant)
+            excess = np.mean([c["excess"] for c in by_seed], axis=0)  # NaN below L: drawn from L on
+            right.plot(*binned_curve(excess, length, bins_per_octave), ".-", color=line.get_color(), label=variant)
+    left.axvline(length, color="grey", linestyle="--", linewidth=1)
+    right.axhline(0.0, color="grey", linewidth=1)
+    left.set(xlabel=f"position in the {cfg['multiples'][-1]}L windows (tokens)", ylabel="validation loss (binned)",
+             title=f"trained at L={length}, mean over seeds")
+    right.set(xlabel="position (tokens)", ylabel="loss − the same token's loss in its 1× window",
+              title="what context past L does to a token")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+    left.legend(fontsize=8)
     rf.save_figure(figure, path)
 
 
@@ -236,7 +259,7 @@ def main(argv=None):
                                           "or length_generalisation_split_digits); its title then names the seeds")
     cfg = lm.resolve(parser.parse_args(argv))
     results = lm.for_each_model(cfg, train_and_evaluate)
-    curves = {variant: [position_losses(cfg, variant, seed) for seed in lm.seed_ids(cfg)] if results[variant] else []
+    curves = {variant: [position_curves(cfg, variant, seed) for seed in lm.seed_ids(cfg)] if results[variant] else []
               for variant in results}
     name = cfg.get("section") or lm.section_name("length_generalisation", cfg)
     png = pathlib.Path(cfg["plots_dir"]) / f"{name}.png"

@@ -46,6 +46,21 @@ def test_losses_equal_eager_cross_entropy(tiny_config, monkeypatch):
         buckets = [expected[m][max(0, 8 * b - 1): 8 * (b + 1) - 1].mean().item() for b in range(m)]
         assert report.bucket_losses(m) == pytest.approx(buckets, abs=1e-6)
     assert report.windows == {1: 8, 2: 4, 4: 2}  # every multiple on the same 64 tokens
+    # Each token's loss against its own loss in the 1x window that holds it, counted token by token from the
+    # stream: token s (s % 8 != 0) is entry s % 8 - 1 of 1x window s // 8.
+    with torch.no_grad():
+        single = {s: F.cross_entropy(model(windows[1]).logits[:, :-1].transpose(1, 2), windows[1][:, 1:],
+                                     reduction="none")[s // 8, s % 8 - 1].item() for s in range(64) if s % 8}
+        for m in (2, 4):
+            full = F.cross_entropy(model(windows[m]).logits[:, :-1].transpose(1, 2), windows[m][:, 1:], reduction="none")
+            for t in range(1, 8 * m):  # target position in the window
+                diffs = [full[w, t - 1].item() - single[w * 8 * m + t] for w in range(len(full))] if t % 8 else []
+                got = report.position_excess[m][t - 1]
+                if t < 8 or not diffs:  # bucket 0 (the 1x window's own context) and window starts: nothing to compare
+                    assert np.isnan(got)
+                else:
+                    assert got == pytest.approx(np.mean(diffs), abs=1e-5)
+    assert 1 not in report.position_excess
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -87,6 +102,8 @@ def test_sixteen_times_training_length_stays_within_the_chunked_memory_bound(var
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and paths["png"].stat().st_size > 10_000
     saved = json.loads(paths["json"].read_text())
     assert len(saved["position_loss"]["x16"]) == tokens - 1
+    assert len(saved["position_excess"]["x16"]) == tokens - 1 and saved["position_excess"]["x16"][0] is None
+    assert np.isfinite(saved["position_excess"]["x16"][train_length]) and saved["position_excess"]["x16"][train_length - 1] is None
     assert saved["metrics"]["length_x16"] == pytest.approx(metrics["length_x16"])
 
 

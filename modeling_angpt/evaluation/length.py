@@ -5,7 +5,10 @@ against position.
 Every multiple is evaluated on the same held-out tokens: the first k·M·L tokens (M the largest multiple, L the
 training length, k windows) are cut into windows of m·L tokens for each multiple m, so the figures differ only in
 how much context each token sees. Bucket b of a window holds the predictions of target positions [b·L, (b+1)·L):
-bucket 0 is what training saw, the later ones are extrapolation. The forward runs on the chunked eager attention
+bucket 0 is what training saw, the later ones are extrapolation. With 1× among the multiples, each token's loss is
+also compared with its own loss in its 1× window (`position_excess`): the text's difficulty cancels, and what is
+left at a position is only what the longer context did to that token (zero throughout for a model that merely
+ignores context past L; below zero where it uses it). The forward runs on the chunked eager attention
 (long_context.memory_bounded_attention) and the logits are computed a slice of positions at a time, so neither a
 T×T score tensor per head nor a T×V logit tensor exists at 16× (or 64k).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +51,9 @@ class LengthReport:
     train_length: int
     windows: dict = field(default_factory=dict)        # multiple -> number of windows evaluated
     position_loss: dict = field(default_factory=dict)  # multiple -> [m·L − 1] mean loss per target position
+    # multiple > 1 -> [m·L − 1] mean of (loss here − the same token's loss in its 1× window); NaN at target positions
+    # that start a 1× window (no prediction there) and at bucket 0, whose context is the 1× window's
+    position_excess: dict = field(default_factory=dict)
     source: str = ""
 
     def loss(self, multiple: int) -> float:
@@ -94,26 +101,43 @@ def length_generalisation(model, ids, train_length: int, multiples=DEFAULT_MULTI
         length = multiple * train_length
         sequences = stream.view(-1, length)
         chunk = query_chunk_for(model.config, batch_size, length, query_chunk_size)
-        total = torch.zeros(length - 1, dtype=torch.float64)
         with memory_bounded_attention(model, chunk):
-            for start in range(0, len(sequences), batch_size):
-                total += per_token_losses(model, sequences[start:start + batch_size]).double().sum(0).cpu()
+            losses = torch.cat([per_token_losses(model, sequences[start:start + batch_size]).double().cpu()
+                                for start in range(0, len(sequences), batch_size)])  # [windows, m·L − 1]
         report.windows[multiple] = len(sequences)
-        report.position_loss[multiple] = (total / len(sequences)).numpy()
+        report.position_loss[multiple] = losses.mean(0).numpy()
+        if multiple == 1:
+            single = losses
+        elif 1 in multiples:
+            report.position_excess[multiple] = excess_over_single(losses, single, train_length, multiple)
     return report
+
+
+def excess_over_single(losses: torch.Tensor, single: torch.Tensor, train_length: int, multiple: int) -> np.ndarray:
+    """Mean over windows of each token's loss in its m·L window minus its loss in its 1× window. Window w of m·L
+    tokens is 1× windows w·m … w·m + m − 1, so laying those side by side, each preceded by a NaN for its first
+    token (predicted in neither), lines the two up; bucket 0 sees the same context both ways and is NaN too."""
+    padded = torch.cat([torch.full((len(single), 1), float("nan"), dtype=single.dtype), single], dim=1)
+    reference = padded.reshape(-1, multiple * train_length)[:len(losses), 1:]
+    excess = (losses - reference).mean(0)
+    excess[:train_length - 1] = float("nan")
+    return excess.numpy()
 
 
 def binned_curve(losses, train_length: int, bins_per_octave: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """(bin centres, mean loss per bin) of a per-position curve (entry j: target position j + 1) in bins at least
     L/8 wide and growing geometrically (`bins_per_octave` per doubling), so few windows still draw a readable curve
-    on a log axis; centres are the geometric middle of each bin's first and last position."""
-    losses = np.asarray(losses)
+    on a log axis; centres are the geometric middle of each bin's first and last position. NaN entries are left
+    out of their bin's mean (a bin of NaN only is NaN: a gap in the plotted line)."""
+    losses = np.asarray(losses, dtype=np.float64)
     edges = [1]
     while edges[-1] < len(losses) + 1:
         grown = max(edges[-1] + max(1, train_length // 8), round(edges[-1] * 2 ** (1 / bins_per_octave)))
         edges.append(min(len(losses) + 1, grown))
     edges = np.array(edges)
-    means = np.array([losses[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of a bin of NaN only
+        means = np.array([np.nanmean(losses[a - 1:b - 1]) for a, b in zip(edges[:-1], edges[1:])])
     return np.sqrt(edges[:-1] * (edges[1:] - 1)), means
 
 
@@ -162,7 +186,9 @@ def write_artifacts(report: LengthReport, output_dir: Path, title: str = "") -> 
     data = {"train_length": report.train_length, "source": report.source, "metrics": report.metrics(),
             "buckets": {f"x{m}": report.bucket_losses(m) for m in sorted(report.position_loss)},
             "position_loss": {f"x{m}": [round(float(v), 5) for v in report.position_loss[m]]
-                              for m in sorted(report.position_loss)}}
+                              for m in sorted(report.position_loss)},
+            "position_excess": {f"x{m}": [None if math.isnan(v) else round(float(v), 5) for v in excess]
+                                for m, excess in sorted(report.position_excess.items())}}
     paths = {"json": output_dir / "length.json", "markdown": output_dir / "length.md", "png": output_dir / "length.png"}
     paths["json"].write_text(json.dumps(data, indent=1))
     caption = (f"Validation loss per {report.train_length}-token bucket of the window (training length "
