@@ -15,7 +15,7 @@ same directory, as in a run of more seeds). Beside the table of losses, the sect
 by position ([0, L), [L, 2L), [2L, 4L), ...: how far past L the growth happens) from the per-position curves the
 evaluator writes (length_eval/length.json), with a second plot; `--section NAME` writes a section of its own.
 
-    python bench/length_generalisation.py --jobs 2 --threads 1   # d=128, 4 layers, L=256, 1500 steps (~35 min, 2 cores)
+    python bench/length_generalisation.py --jobs 2 --threads 1   # d=128, 4 layers, L=256, 1500 steps (~55 min, 2 cores)
     python bench/length_generalisation.py --size quick    # minutes
     python bench/length_generalisation.py --device        # d=768, 12 layers, L=1024 on a GPU
 
