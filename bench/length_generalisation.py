@@ -57,7 +57,8 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
     out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
     cached = out / "summary.json"
     source = cfg["eval_file"] or "validation blocks"
-    if cached.is_file() and "position_excess" in json.loads((out / "length.json").read_text()):
+    written = out / "length.json"
+    if cached.is_file() and written.is_file() and "position_excess" in json.loads(written.read_text()):
         summary = json.loads(cached.read_text())
         if summary.get("windows") == cfg["windows"] and summary.get("eval", "validation blocks") == source:
             return {int(k): v for k, v in summary["loss"].items()}
