@@ -105,9 +105,10 @@ def by_position_tables(curves: dict, cfg: dict) -> list[str]:
         if by_seed:
             bins = [binned(curve["loss"], length) for curve in by_seed]
             lines.append(f"| {variant} | " + " | ".join(cell([b[i] for b in bins]) for i in range(len(labels))) + " |")
-    lines += ["", "Then each token's loss there minus its own loss in the 1× window that holds it (the text's "
-              "difficulty cancels; 0 for a model that ignores what lies past L, below 0 where it uses it, above 0 "
-              "where the longer context harms it):", "",
+    lines += ["", "Then each token's loss there minus its own loss in the 1× window that holds it: the text's "
+              "difficulty cancels, and the bins split the growth of the table above by position. In its 1× window "
+              "a token saw only the tokens since that window began, so a model that looks back exactly L tokens "
+              "would come out below 0; above 0, the context past L costs more than it gives.", "",
               "| variant | " + " | ".join(labels[1:]) + " |", "|---|" + "---|" * (len(labels) - 1)]
     for variant, by_seed in curves.items():
         if by_seed:

@@ -7,8 +7,10 @@ training length, k windows) are cut into windows of m·L tokens for each multipl
 how much context each token sees. Bucket b of a window holds the predictions of target positions [b·L, (b+1)·L):
 bucket 0 is what training saw, the later ones are extrapolation. With 1× among the multiples, each token's loss is
 also compared with its own loss in its 1× window (`position_excess`): the text's difficulty cancels, and what is
-left at a position is only what the longer context did to that token (zero throughout for a model that merely
-ignores context past L; below zero where it uses it). The forward runs on the chunked eager attention
+left at a position is what the longer context did to that token. In its 1× window a token saw only the tokens
+since that window began (0 to L − 1 of them), so even a model that looks back exactly L tokens comes out below
+zero; above zero, the context past L costs more than it gives. Averaged over positions it is the overall growth
+from 1× to m× (less the tokens that open a 1× window, predicted only in the long one). The forward runs on the chunked eager attention
 (long_context.memory_bounded_attention) and the logits are computed a slice of positions at a time, so neither a
 T×T score tensor per head nor a T×V logit tensor exists at 16× (or 64k).
 """
