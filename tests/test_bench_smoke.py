@@ -109,13 +109,13 @@ def test_position_bins_average_the_target_positions_they_name(bench):
 
     length = 8
     curve = np.arange(1, 16 * length, dtype=np.float64)  # positions 1 … 16L − 1
-    expected = [np.mean(np.arange(max(a * length, 1), b * length)) for a, b in ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16))]
+    bins = ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16))
+    expected = [np.mean(np.arange(max(a * length, 1), b * length)) for a, b in bins]
     assert length_generalisation.binned(curve, length) == pytest.approx(expected)
     assert len(length_generalisation.binned(curve[:4 * length - 1], length)) == 3  # a 4L window: bins up to 4L
     holes = curve.copy()
     holes[length - 1::length] = np.nan  # the positions that start a 1x window: left out of their bin's mean
-    kept = [np.mean([t for t in range(max(a * length, 1), b * length) if t % length])
-            for a, b in ((0, 1), (1, 2), (2, 4), (4, 8), (8, 16))]
+    kept = [np.mean([t for t in range(max(a * length, 1), b * length) if t % length]) for a, b in bins]
     assert length_generalisation.binned(holes, length) == pytest.approx(kept)
 
 

@@ -9,8 +9,9 @@ bucket 0 is what training saw, the later ones are extrapolation. With 1× among 
 also compared with its own loss in its 1× window (`position_excess`): the text's difficulty cancels, and what is
 left at a position is what the longer context did to that token. In its 1× window a token saw only the tokens
 since that window began (0 to L − 1 of them), so even a model that looks back exactly L tokens comes out below
-zero; above zero, the context past L costs more than it gives. Averaged over positions it is the overall growth
-from 1× to m× (less the tokens that open a 1× window, predicted only in the long one). The forward runs on the chunked eager attention
+zero; above zero, the context past L costs more than it gives. Averaged over all positions (bucket 0 counting as
+zero) it comes to nearly the overall growth from 1× to m×: only the tokens that open a 1× window, predicted in the
+long window alone, are missing. The forward runs on the chunked eager attention
 (long_context.memory_bounded_attention) and the logits are computed a slice of positions at a time, so neither a
 T×T score tensor per head nor a T×V logit tensor exists at 16× (or 64k).
 """
@@ -53,8 +54,8 @@ class LengthReport:
     train_length: int
     windows: dict = field(default_factory=dict)        # multiple -> number of windows evaluated
     position_loss: dict = field(default_factory=dict)  # multiple -> [m·L − 1] mean loss per target position
-    # multiple > 1 -> [m·L − 1] mean of (loss here − the same token's loss in its 1× window); NaN at target positions
-    # that start a 1× window (no prediction there) and at bucket 0, whose context is the 1× window's
+    # multiple > 1 -> [m·L − 1] mean of (loss here − the same token's loss in its 1× window); NaN at target
+    # positions that start a 1× window (no prediction there) and at bucket 0, whose context is the 1× window's
     position_excess: dict = field(default_factory=dict)
     source: str = ""
 
