@@ -229,7 +229,7 @@ def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octav
 
     from modeling_angpt.evaluation.length import binned_curve
 
-    length = cfg["length"]
+    length, seeds = cfg["length"], max(len(by_seed) for by_seed in curves.values())
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for variant, by_seed in curves.items():
         if by_seed:
@@ -240,7 +240,7 @@ def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octav
     left.axvline(length, color="grey", linestyle="--", linewidth=1)
     right.axhline(0.0, color="grey", linewidth=1)
     left.set(xlabel=f"position in the {cfg['multiples'][-1]}L windows (tokens)", ylabel="validation loss (binned)",
-             title=f"trained at L={length}, mean over seeds")
+             title=f"trained at L={length}" + (f", mean over {seeds} seeds" if seeds > 1 else ""))
     right.set(xlabel="position (tokens)", ylabel="loss − the same token's loss in its 1× window",
               title="what context past L does to a token")
     for axis in (left, right):
