@@ -48,46 +48,46 @@ import results_file as rf
 POSITION_BIN_EDGES = (1, 2, 4, 8, 16)
 
 
-def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
-    """{multiple: loss} from the length evaluator, cached as summary.json beside the checkpoint (with the
-    evaluator's length.json, whose per-position curves the by-position tables read; an evaluation from before the
-    evaluator wrote `position_excess` is run again)."""
+def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> tuple[dict, dict]:
+    """({multiple: loss}, the longest windows' per-position curves) from the length evaluator, cached beside the
+    checkpoint: summary.json (the settings and losses) and the evaluator's length.json (the curves). An evaluation
+    with other windows or text, or from before the evaluator wrote `position_excess`, is run again."""
     from modeling_angpt.evaluation.length import run_suite
 
     out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
-    cached = out / "summary.json"
+    cached, written = out / "summary.json", out / "length.json"
     source = cfg["eval_file"] or "validation blocks"
-    written = out / "length.json"
-    if cached.is_file() and written.is_file() and "position_excess" in json.loads(written.read_text()):
-        summary = json.loads(cached.read_text())
-        if summary.get("windows") == cfg["windows"] and summary.get("eval", "validation blocks") == source:
-            return {int(k): v for k, v in summary["loss"].items()}
-    model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
-    options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"],
-                                    batch_size=1, train_length=cfg["length"], corpus=cfg["eval_file"])
-    metrics = run_suite(model, tokenizer, checkpoint, options, out)
-    losses = {m: metrics[f"length_x{m}"]["loss"] for m in cfg["multiples"]}
-    cached.write_text(json.dumps({"windows": cfg["windows"], "eval": source, "loss": losses}))
-    return losses
+    summary = json.loads(cached.read_text()) if cached.is_file() else {}
+    report = json.loads(written.read_text()) if written.is_file() else {}
+    if (summary.get("windows"), summary.get("eval", "validation blocks")) != (cfg["windows"], source) \
+            or "position_excess" not in report:
+        model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
+        options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"],
+                                        batch_size=1, train_length=cfg["length"], corpus=cfg["eval_file"])
+        metrics = run_suite(model, tokenizer, checkpoint, options, out)
+        summary = {"windows": cfg["windows"], "eval": source,
+                   "loss": {m: metrics[f"length_x{m}"]["loss"] for m in cfg["multiples"]}}
+        cached.write_text(json.dumps(summary))
+        report = json.loads(written.read_text())
+    return {int(k): v for k, v in summary["loss"].items()}, position_curves(report, cfg["multiples"][-1])
 
 
-def position_curves(cfg: dict, variant: str, seed: int) -> dict[str, np.ndarray]:
-    """The longest windows' per-position curves the length evaluator wrote beside the checkpoint
-    (length_eval/length.json); entry j is the token at position j + 1, predicted from the j + 1 before it.
-    "loss": its mean loss; "excess": its mean loss minus the same token's loss in its 1× window (NaN where there
-    is nothing to compare: positions below L and those starting a 1× window)."""
-    written = json.loads((lm.checkpoint_dir(cfg, variant, seed) / "length_eval" / "length.json").read_text())
-    key = f"x{cfg['multiples'][-1]}"
-    return {"loss": np.asarray(written["position_loss"][key], dtype=np.float64),
-            "excess": np.asarray([np.nan if v is None else v for v in written["position_excess"][key]])}
+def position_curves(report: dict, multiple: int) -> dict[str, np.ndarray]:
+    """The per-position curves of the `multiple`× windows in the evaluator's length.json (`report`); entry j is the
+    token at position j + 1, predicted from the j + 1 before it. "loss": its mean loss; "excess": its mean loss
+    minus the same token's loss in its 1× window (NaN where there is nothing to compare: positions below L and
+    those starting a 1× window)."""
+    key = f"x{multiple}"
+    return {"loss": np.asarray(report["position_loss"][key], dtype=np.float64),
+            "excess": np.asarray([np.nan if v is None else v for v in report["position_excess"][key]])}
 
 
 def binned(curve: np.ndarray, length: int) -> list[float]:
     """A position curve's mean (NaN entries left out) in each bin of POSITION_BIN_EDGES that the window reaches."""
-    edges = [0] + [e * length for e in POSITION_BIN_EDGES if e * length <= len(curve) + 1]
-    kept = [curve[max(a - 1, 0):b - 1] for a, b in zip(edges[:-1], edges[1:])]
-    kept = [values[~np.isnan(values)] for values in kept]
-    return [float(values.mean()) if values.size else float("nan") for values in kept]
+    from modeling_angpt.evaluation.length import bin_means
+
+    edges = [1] + [e * length for e in POSITION_BIN_EDGES if e * length <= len(curve) + 1]
+    return [float(mean) for mean in bin_means(curve, edges)]
 
 
 def by_position_tables(curves: dict, cfg: dict) -> list[str]:
@@ -250,7 +250,7 @@ def plot_by_position(curves: dict, cfg: dict, path: pathlib.Path, bins_per_octav
     rf.save_figure(figure, path)
 
 
-def train_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
+def train_and_evaluate(cfg: dict, variant: str, seed: int) -> tuple[dict, dict]:
     return evaluate_variant(cfg, variant, seed, lm.train_variant(cfg, variant, seed))
 
 
@@ -260,9 +260,9 @@ def main(argv=None):
     parser.add_argument("--section", help="the RESULTS.md section to write (default length_generalisation, "
                                           "or length_generalisation_split_digits); its title then names the seeds")
     cfg = lm.resolve(parser.parse_args(argv))
-    results = lm.for_each_model(cfg, train_and_evaluate)
-    curves = {variant: [position_curves(cfg, variant, seed) for seed in lm.seed_ids(cfg)] if results[variant] else []
-              for variant in results}
+    evaluated = lm.for_each_model(cfg, train_and_evaluate)
+    results = {variant: [losses for losses, _ in runs] for variant, runs in evaluated.items()}
+    curves = {variant: [curve for _, curve in runs] for variant, runs in evaluated.items()}
     name = cfg.get("section") or lm.section_name("length_generalisation", cfg)
     png = pathlib.Path(cfg["plots_dir"]) / f"{name}.png"
     position_png = png.with_name(f"{name}_by_position.png")

@@ -121,7 +121,7 @@ def excess_over_single(losses: torch.Tensor, single: torch.Tensor, train_length:
     tokens is 1× windows w·m … w·m + m − 1, so laying those side by side, each preceded by a NaN for its first
     token (predicted in neither), lines the two up; bucket 0 sees the same context both ways and is NaN too."""
     padded = torch.cat([torch.full((len(single), 1), float("nan"), dtype=single.dtype), single], dim=1)
-    reference = padded.reshape(-1, multiple * train_length)[:len(losses), 1:]
+    reference = padded.reshape(-1, multiple * train_length)[:, 1:]  # one row per m·L window, as `losses`
     excess = (losses - reference).mean(0)
     excess[:train_length - 1] = float("nan")
     return excess.numpy()
@@ -138,10 +138,16 @@ def binned_curve(losses, train_length: int, bins_per_octave: int = 4) -> tuple[n
         grown = max(edges[-1] + max(1, train_length // 8), round(edges[-1] * 2 ** (1 / bins_per_octave)))
         edges.append(min(len(losses) + 1, grown))
     edges = np.array(edges)
+    return np.sqrt(edges[:-1] * (edges[1:] - 1)), bin_means(losses, edges)
+
+
+def bin_means(losses, edges) -> np.ndarray:
+    """Mean of a per-position curve (entry j: target position j + 1) over the target positions [a, b) of each pair
+    of consecutive `edges` (the first ≥ 1), NaN entries left out (a bin of NaN only is NaN)."""
+    losses = np.asarray(losses, dtype=np.float64)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # nanmean of a bin of NaN only
-        means = np.array([np.nanmean(losses[a - 1:b - 1]) for a, b in zip(edges[:-1], edges[1:])])
-    return np.sqrt(edges[:-1] * (edges[1:] - 1)), means
+        return np.array([np.nanmean(losses[a - 1:b - 1]) for a, b in zip(edges[:-1], edges[1:])])
 
 
 def plot_loss_vs_position(report: LengthReport, path: Path, title: str = "", bins_per_octave: int = 4) -> Path:
