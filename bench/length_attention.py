@@ -272,9 +272,8 @@ def plot(profiles: dict, cfg: dict, path: pathlib.Path) -> None:
 
 
 def section(profiles: dict, cfg: dict, command: str, png_link: str) -> str:
-    seeds = lm.seed_ids(cfg)
-    lines = [f"## Length generalisation: where the attention goes past L, seed{'s' if len(seeds) > 1 else ''} "
-             f"{', '.join(map(str, seeds))}", "", f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
+    lines = [f"## Length generalisation: where the attention goes past L{lm.title_suffix(cfg)}"
+             f"{lm.own_section_suffix(cfg)}", "", f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              f"The checkpoints of `bench/length_generalisation.py` in `{cfg['output_dir']}` ({cfg['arch']}, "
              f"d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps), run on the eager attention path over {cfg['windows']} windows of "

@@ -138,7 +138,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str, curves: dict 
             position_png_link: str | None = None) -> str:
     ms = cfg["multiples"]
     lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)"
-             + lm.title_suffix(cfg) + seeds_suffix(cfg), "",
+             + lm.title_suffix(cfg) + lm.own_section_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
              rf.corpus_line(cfg.get("dataset_given", cfg["dataset"]), cfg["eval_file"]), "",
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
@@ -172,14 +172,6 @@ def section(results: dict, cfg: dict, command: str, png_link: str, curves: dict 
         lines += ["", *by_position_tables(curves, cfg), "",
                   f"![validation loss against position in the {ms[-1]}L windows]({position_png_link})"]
     return "\n".join(lines)
-
-
-def seeds_suffix(cfg: dict) -> str:
-    """A section of its own (--section) names its seeds in the title, so it reads apart from the default one."""
-    if not cfg.get("section"):
-        return ""
-    seeds = lm.seed_ids(cfg)
-    return f", seed {seeds[0]}" if len(seeds) == 1 else f", seeds {seeds[0]}–{seeds[-1]}"
 
 
 def eval_description(cfg: dict) -> str:

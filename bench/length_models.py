@@ -130,6 +130,24 @@ def title_suffix(cfg: dict) -> str:
     return ", digits split one per token" if cfg["split_digits"] else ""
 
 
+# Settings a section of its own (--section) names in its title when they differ from the size's, in these words.
+TITLED_SETTINGS = {"steps": lambda v: rf.counted(v, "step"), "p_rope_base": lambda v: f"p-RoPE base {v:g}",
+                   "length": lambda v: f"L={v}", "hidden": lambda v: f"d={v}", "layers": lambda v: rf.counted(v, "layer"),
+                   "lr": lambda v: f"lr {v:g}", "arch": str}
+
+
+def own_section_suffix(cfg: dict) -> str:
+    """', seed 0, 3000 steps': a section of its own (--section) names its seeds and the settings that set it apart
+    in its title, so two such sections never share a title (nor a link anchor)."""
+    if not cfg.get("section"):
+        return ""
+    seeds = seed_ids(cfg)
+    words = [f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}–{seeds[-1]}"]
+    defaults = {**SIZES[cfg["size"]], **DEFAULTS}
+    words += [name(cfg[key]) for key, name in TITLED_SETTINGS.items() if cfg[key] != defaults[key]]
+    return ", " + ", ".join(words)
+
+
 def tokenizer_text(cfg: dict) -> str:
     return f"vocab {cfg['vocab']}" + (" (byte-level BPE, every digit its own token: `--split-digits`)"
                                       if cfg["split_digits"] else "")

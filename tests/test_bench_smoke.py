@@ -85,7 +85,8 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
     assert evaluated["source"].startswith(str(split / "corpus_heldout.txt"))
     assert "contiguous held-out text" in text.split("<!-- length_generalisation:start -->")[1]
     # --p-rope-base changes the p-RoPE variants' slowest frequency only, and the section names it
-    # (into a section of its own, --section, whose title names its seed; the default section stays as it was)
+    # (into a section of its own, --section, whose title names its seed and the settings that set it apart; the
+    # default section stays as it was)
     def default_section():
         return results.read_text().split("<!-- length_generalisation:start -->")[1].split("<!-- length_generalisation:end")[0]
 
@@ -97,7 +98,8 @@ def test_length_generalisation_and_needle_smoke(bench, tmp_path):
         assert config["rope_parameters"].get("effective_base") == base
     text = results.read_text()
     assert "p_rope_base 64.0 (default 1024.0)" in text.split("<!-- length_base64:start -->")[1]
-    assert "(scale-invariant paper, Table 1), seed 0\n" in text.split("<!-- length_base64:start -->")[1]
+    assert ("(scale-invariant paper, Table 1), seed 0, 2 steps, p-RoPE base 64, d=32, 1 layer\n"
+            in text.split("<!-- length_base64:start -->")[1])
     assert default_section() == before
     assert (tmp_path / "plots" / "length_base64_by_position.png").is_file()
 
