@@ -249,5 +249,16 @@ class AnGPTConfig(PreTrainedConfig):
         if rope["rope_type"] == "scale_invariant_p":
             _check_positive("rope_parameters['effective_base']", rope.get("effective_base"))
 
+    # transformers' validate_rope (run again by save_pretrained) looks up `_validate_<rope_type>_rope_parameters` and
+    # logs "Missing validation function" for each type it does not ship; these name our types' keys the way its own
+    # validators do (a missing key raises, an unknown one warns). The values are checked by _validate_rope.
+    def _validate_scale_invariant_p_rope_parameters(self, rope_parameters: dict, ignore_keys=None) -> None:
+        self._check_received_keys("scale_invariant_p", set(rope_parameters), {"rope_type", "effective_base"},
+                                  optional_keys={"rope_theta", "partial_rotary_factor"}, ignore_keys=ignore_keys)
+
+    def _validate_none_rope_parameters(self, rope_parameters: dict, ignore_keys=None) -> None:
+        self._check_received_keys("none", set(rope_parameters), {"rope_type"},
+                                  optional_keys={"rope_theta", "partial_rotary_factor"}, ignore_keys=ignore_keys)
+
 
 __all__ = ["AnGPTConfig"]

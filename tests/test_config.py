@@ -1,8 +1,12 @@
 """AnGPTConfig: HF-canonical fields, every SPEC flag reachable, clear errors for bad values."""
+import logging
+
 import pytest
 from transformers import AutoConfig
+from transformers.utils import logging as transformers_logging
 
 from modeling_angpt import AnGPTConfig
+from modeling_angpt.configuration_angpt import ROPE_TYPES
 
 
 def test_defaults_follow_spec():
@@ -48,3 +52,22 @@ def test_bad_values_name_the_field(field, value, words):
 
 def test_gptplus_accepts_any_mlp_width():
     assert AnGPTConfig(architecture="gptplus", hidden_size=64, intermediate_size=100).intermediate_size == 100
+
+
+@pytest.mark.parametrize("rope_type", ROPE_TYPES)
+def test_every_rope_type_saves_without_a_transformers_warning(tmp_path, rope_type):
+    """save_pretrained runs transformers' own RoPE validation again; our types (scale_invariant_p, none) have
+    validators, so saving a p-RoPE or NoPE model warns of nothing, while a key no type knows still warns."""
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = transformers_logging.get_logger("transformers")
+    logger.addHandler(handler)
+    try:
+        rope = {"rope_type": rope_type, **({"factor": 2.0} if rope_type in ("dynamic", "yarn", "linear") else {})}
+        AnGPTConfig(hidden_size=64, num_attention_heads=4, rope_parameters=rope).save_pretrained(tmp_path)
+        assert [r.getMessage() for r in records if r.levelno >= logging.WARNING] == []
+        AnGPTConfig(hidden_size=64, num_attention_heads=4, rope_parameters={**rope, "spin": 1.0}).validate_rope()
+        assert any("Unrecognized keys" in r.getMessage() and "spin" in r.getMessage() for r in records)
+    finally:
+        logger.removeHandler(handler)
