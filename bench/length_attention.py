@@ -10,13 +10,14 @@ without bound. With mean μ_t and spread σ_t instead, one key at distance t wei
 on average (a = √(1 + 2ℓ_t)), so an octave's share grows like (t/τ)^(σ_t² − 1)·exp(a·μ_t): the premise can be
 checked from the trained weights, octave by octave, and set beside where each model's loss grows.
 
-Queries: target positions [8L, 16L) of the 16L windows (they see distances up to 16L), and for reference
+Queries: positions [8L, 16L) of the 16L windows (they see distances up to 16L), and for reference positions
 [L/2, L) of 1× windows (what training saw). Each model runs on the eager attention path with its own transform
 wrapped in a probe (`probe_transform`) that computes the same softmax as the model and records it; the test
 suite checks the probe's sums against the attention weights the model itself returns.
 
-    python bench/length_attention.py --output-dir runs/length_default --seeds 2   # the default models (~10 min)
-    python bench/length_attention.py --size quick                                   # trains quick models first
+    python bench/length_attention.py --jobs 2 --threads 1 --seeds 2 --output-dir runs/length_default
+                                         # the twelve default models, evaluated only (~15 min on 2 cores)
+    python bench/length_attention.py --size quick                  # trains quick models first (minutes)
 
 The models are trained first when missing (the same checkpoints and arguments as bench/length_generalisation.py).
 """
@@ -209,22 +210,22 @@ def weight_tables(profiles: dict, cfg: dict) -> list[str]:
 
 
 def logit_table(profiles: dict, cfg: dict) -> list[str]:
-    """Per model, the raw logits S by distance (the scale-invariant transform's premise: mean 0, spread 1): the long
-    windows' queries at three distances, and the 1× windows' queries at the farthest distance they saw."""
-    first_past = distance_bins(cfg)[1][1]
-    last, m = octave_count(cfg["multiples"][-1] * cfg["length"]) - 1, cfg["multiples"][-1]
-    spans = [("long", "[L/2, L)", first_past - 1), ("long", "[L, 2L)", first_past),
-             ("long", f"[{m // 2}L, {m}L)", last)]
+    """Per model, the raw logits S by distance (the scale-invariant transform's premise: mean 0, spread 1): the 1×
+    windows' queries at the farthest octave they saw, then the long windows' queries at that octave and at each
+    distance bin past L (one octave each)."""
+    bins, m = distance_bins(cfg), cfg["multiples"][-1]
+    edge = bins[1][1] - 1  # octave [L/2, L)
+    spans = [("short", "1×, [L/2, L)", edge), ("long", f"{m}L, [L/2, L)", edge),
+             *(("long", f"{m}L, {label}", first) for label, first, _ in bins[1:])]
     lines = ["The raw logits S (after QK-norm and 1/√d_h, before any transform; LogN's query scale included) by "
              "distance: their mean μ and spread σ over the keys of each layer and head at that distance, averaged "
-             "over layers and heads (the largest head's σ in brackets). First for the 1× windows' queries at "
-             f"[L/2, L) (what training saw), then for the {m}L windows' queries above.", "",
-             "| model | 1×: μ, σ at [L/2, L) | " + " | ".join(f"{m}L: μ, σ at {label}" for _, label, _ in spans) + " |",
-             "|---|" + "---|" * (len(spans) + 1)]
+             "over layers and heads, as μ, σ (the largest head's σ in brackets). First for the 1× windows' queries "
+             f"at [L/2, L) (what training saw), then for the {m}L windows' queries above.", "",
+             "| model | " + " | ".join(label for _, label, _ in spans) + " |", "|---|" + "---|" * len(spans)]
     for variant, by_seed in profiles.items():
         for seed, found in by_seed.items():
             cells = []
-            for windows, octave in (("short", first_past - 1), *((w, o) for w, _, o in spans)):
+            for windows, _, octave in spans:
                 mean, spread = found[windows]["mean"][:, :, octave], found[windows]["spread"][:, :, octave]
                 cells.append(f"{mean.mean():+.2f}, {spread.mean():.2f} ({spread.max():.2f})")
             lines.append(f"| {variant}, seed {seed} | " + " | ".join(cells) + " |")

@@ -132,8 +132,8 @@ def title_suffix(cfg: dict) -> str:
 
 # Settings a section of its own (--section) names in its title when they differ from the size's, in these words.
 TITLED_SETTINGS = {"steps": lambda v: rf.counted(v, "step"), "p_rope_base": lambda v: f"p-RoPE base {v:g}",
-                   "length": lambda v: f"L={v}", "hidden": lambda v: f"d={v}", "layers": lambda v: rf.counted(v, "layer"),
-                   "lr": lambda v: f"lr {v:g}", "arch": str}
+                   "length": lambda v: f"L={v}", "hidden": lambda v: f"d={v}",
+                   "layers": lambda v: rf.counted(v, "layer"), "lr": lambda v: f"lr {v:g}", "arch": str}
 
 
 def own_section_suffix(cfg: dict) -> str:
