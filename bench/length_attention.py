@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import math
 import pathlib
-import statistics
 
 import numpy as np
 
@@ -67,9 +66,9 @@ class AttentionRecorder:
         index = octave.flatten().expand(raw.shape[0], -1)
         for target, values in ((self.mass, weights), (self.count, visible.float().expand_as(raw)),
                                (self.total, raw), (self.squares, raw.square())):
-            sums = torch.zeros(raw.shape[0], self.shape[2] + 1)
+            sums = torch.zeros(raw.shape[0], self.shape[2] + 1, device=raw.device)
             sums.scatter_add_(1, index, values.reshape(raw.shape[0], -1))
-            target[self.layer] += sums[:, :-1].double().numpy()
+            target[self.layer] += sums[:, :-1].double().cpu().numpy()
         self.queries[self.layer] += rows.stop - rows.start
         self.layer += 1
 
@@ -158,9 +157,12 @@ def loss_excess(cfg: dict, variant: str, seed: int) -> float | None:
 
     from length_generalisation import binned, position_curves
 
-    report = lm.checkpoint_dir(cfg, variant, seed) / "length_eval" / "length.json"
-    if not report.is_file():
+    out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
+    report, summary = out / "length.json", out / "summary.json"
+    if not (report.is_file() and summary.is_file()):
         return None
+    if json.loads(summary.read_text()).get("windows") != cfg["windows"]:
+        return None  # evaluated on another number of windows: other tokens than the profile's
     data = json.loads(report.read_text())
     if f"x{cfg['multiples'][-1]}" not in data.get("position_excess", {}):
         return None
@@ -172,17 +174,9 @@ def profile_variant(cfg: dict, variant: str, seed: int) -> dict:
     return {**found, "excess": loss_excess(cfg, variant, seed)}
 
 
-def mean_over_seeds(values: list[float]) -> str:
-    values = [v for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return "–"
-    mean = statistics.fmean(values)
-    return f"{mean:.3f}" + (f" ± {statistics.stdev(values) / math.sqrt(len(values)):.3f}" if len(values) > 1 else "")
-
-
 def weight_tables(profiles: dict, cfg: dict) -> list[str]:
-    """Per model: the long windows' attention weight by distance bin (mean over layers and heads), the weight past
-    L per layer, beside the model's loss excess; then the 1× windows' weight in their farthest octave."""
+    """Per model: the long windows' attention weight by distance bin (mean over layers and heads) beside the model's
+    loss excess, then its weight past L per layer."""
     bins, layers = distance_bins(cfg), None
     m = cfg["multiples"][-1]
     lines = [f"Attention weight by the distance of the key, for queries at positions [{m // 2}L, {m}L) of the {m}L "
@@ -291,6 +285,8 @@ def main(argv=None):
     lm.common_arguments(parser)
     parser.add_argument("--section", default="length_attention", help="the RESULTS.md section to write")
     cfg = lm.resolve(parser.parse_args(argv))
+    if cfg["length"] & (cfg["length"] - 1):
+        raise SystemExit(f"--length {cfg['length']}: expected a power of two (the distance octaves start at L)")
     if not cfg["eval_file"]:
         raise SystemExit("--eval-corpus blocks: expected 'heldout' or a text file (running text, so that distance "
                          "past L is context)")

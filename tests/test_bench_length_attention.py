@@ -106,3 +106,5 @@ def test_length_attention_smoke(bench, probes, tmp_path):  # noqa: F811
     assert (tmp_path / "plots" / "length_attention.png").is_file()
     with pytest.raises(SystemExit, match="--eval-corpus blocks: expected"):
         probes.main([*models, "--eval-corpus", "blocks", *out])
+    with pytest.raises(SystemExit, match="--length 200: expected a power of two"):
+        probes.main([*models, "--length", "200", *out])
