@@ -45,9 +45,10 @@ class AttentionRecorder:
         self.queries = np.zeros(layers)  # queries recorded per layer (each row's weights sum to 1)
         self.rows: slice | None = None  # the query rows of the next forward to record; None records nothing
         self.layer = 0
+        self.layout = None  # (visible, octave index) of the recorded rows: the same in every layer of a forward
 
     def start(self, rows: slice) -> None:
-        self.rows, self.layer = rows, 0
+        self.rows, self.layer, self.layout = rows, 0, None
 
     def record(self, scores, transformed, query_pos, key_pos, causal: bool) -> None:
         """One layer's [1, h, q, kv] raw and transformed scores: its queries in `rows`, softmax over visible keys."""
@@ -56,14 +57,17 @@ class AttentionRecorder:
         if self.rows is None:
             return
         rows = self.rows
-        t = (query_pos - key_pos)[0, 0, rows]  # [r, kv]
-        visible = t >= 0 if causal else torch.ones_like(t, dtype=torch.bool)
-        t = t.abs()
-        octave = torch.where(t > 0, torch.floor(torch.log2(t.clamp(min=1).double())).long() + 1, 0)
-        octave = torch.where(visible, octave.clamp(max=self.shape[2] - 1), self.shape[2])  # hidden → a dump bin
+        if self.layout is None:
+            t = (query_pos - key_pos)[0, 0, rows]  # [r, kv]
+            visible = t >= 0 if causal else torch.ones_like(t, dtype=torch.bool)
+            t = t.abs()
+            octave = torch.where(t > 0, torch.floor(torch.log2(t.clamp(min=1).double())).long() + 1, 0)
+            octave = torch.where(visible, octave.clamp(max=self.shape[2] - 1), self.shape[2])  # hidden → dump bin
+            self.layout = visible, octave.flatten()
+        visible, octave = self.layout
         weights = torch.softmax(transformed[0, :, rows].float().masked_fill(~visible, -math.inf), dim=-1)
         raw = scores[0, :, rows].float() * visible  # hidden keys add 0 (their octave is the dump bin anyway)
-        index = octave.flatten().expand(raw.shape[0], -1)
+        index = octave.expand(raw.shape[0], -1)
         for target, values in ((self.mass, weights), (self.count, visible.float().expand_as(raw)),
                                (self.total, raw), (self.squares, raw.square())):
             sums = torch.zeros(raw.shape[0], self.shape[2] + 1, device=raw.device)
@@ -111,16 +115,16 @@ def profile_model(checkpoint: pathlib.Path, cfg: dict) -> dict:
     """The recorder summaries of one checkpoint: "long" for queries [M/2·L, M·L) of the M·L windows (M the largest
     multiple), "short" for queries [L/2, L) of the 1× windows cut from the same tokens."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig
 
     from modeling_angpt.evaluation.length import contiguous_blocks
 
     global RECORDER
     length, multiple = cfg["length"], cfg["multiples"][-1]
     probe = probe_transform(AutoConfig.from_pretrained(checkpoint).attention_logit_transform)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, attn_implementation="eager",
-                                                 attention_logit_transform=probe).to(cfg["torch_device"]).eval()
-    blocks, _ = contiguous_blocks(pathlib.Path(cfg["eval_file"]), AutoTokenizer.from_pretrained(checkpoint), length)
+    model, tokenizer = lm.load(checkpoint, cfg["torch_device"], attn_implementation="eager",
+                               attention_logit_transform=probe)
+    blocks, _ = contiguous_blocks(pathlib.Path(cfg["eval_file"]), tokenizer, length)
     windows = min(cfg["windows"], len(blocks) // multiple)
     if windows == 0:
         raise SystemExit(f"--eval-corpus {cfg['eval_file']}: fewer than {multiple} blocks of {length} tokens")
@@ -152,21 +156,13 @@ def distance_bins(cfg: dict) -> list[tuple[str, int, int]]:
 
 def loss_excess(cfg: dict, variant: str, seed: int) -> float | None:
     """The model's mean loss excess over 1× windows at positions [M/2·L, M·L), from its length evaluation
-    (bench/length_generalisation.py), when it has one with the same windows."""
-    import json
+    (bench/length_generalisation.py), when it has one of the same windows and text."""
+    from length_generalisation import binned, cached_evaluation, position_curves
 
-    from length_generalisation import binned, position_curves
-
-    out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
-    report, summary = out / "length.json", out / "summary.json"
-    if not (report.is_file() and summary.is_file()):
+    cached = cached_evaluation(cfg, variant, seed)
+    if cached is None:
         return None
-    if json.loads(summary.read_text()).get("windows") != cfg["windows"]:
-        return None  # evaluated on another number of windows: other tokens than the profile's
-    data = json.loads(report.read_text())
-    if f"x{cfg['multiples'][-1]}" not in data.get("position_excess", {}):
-        return None
-    return binned(position_curves(data, cfg["multiples"][-1])["excess"], cfg["length"])[-1]
+    return binned(position_curves(cached[1], cfg["multiples"][-1])["excess"], cfg["length"])[-1]
 
 
 def profile_variant(cfg: dict, variant: str, seed: int) -> dict:
@@ -177,8 +173,7 @@ def profile_variant(cfg: dict, variant: str, seed: int) -> dict:
 def weight_tables(profiles: dict, cfg: dict) -> list[str]:
     """Per model: the long windows' attention weight by distance bin (mean over layers and heads) beside the model's
     loss excess, then its weight past L per layer."""
-    bins, layers = distance_bins(cfg), None
-    m = cfg["multiples"][-1]
+    bins, m = distance_bins(cfg), cfg["multiples"][-1]
     lines = [f"Attention weight by the distance of the key, for queries at positions [{m // 2}L, {m}L) of the {m}L "
              "windows (mean over layers and heads; each query's weights sum to 1), beside the model's loss there "
              f"minus the same tokens' loss in their 1× windows (`length_eval/length.json` of "
@@ -192,8 +187,8 @@ def weight_tables(profiles: dict, cfg: dict) -> list[str]:
             excess = "–" if found["excess"] is None else f"{found['excess']:+.3f}"
             lines.append(f"| {variant}, seed {seed} | " + " | ".join(f"{c:.3f}" for c in cells)
                          + f" | {sum(cells[1:]):.3f} | {excess} |")
-            layers = mass.shape[0]
     first_past = bins[1][1]
+    layers = next(found for by_seed in profiles.values() for found in by_seed.values())["long"]["mass"].shape[0]
     lines += ["", "The weight past L by layer (mean over heads), same queries:", "",
               "| model | " + " | ".join(f"layer {i}" for i in range(layers)) + " |", "|---|" + "---|" * layers]
     for variant, by_seed in profiles.items():

@@ -54,22 +54,34 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
     with other windows or text, or from before the evaluator wrote `position_excess`, is run again."""
     from modeling_angpt.evaluation.length import run_suite
 
-    out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
-    cached, written = out / "summary.json", out / "length.json"
-    source = cfg["eval_file"] or "validation blocks"
-    summary = json.loads(cached.read_text()) if cached.is_file() else {}
-    report = json.loads(written.read_text()) if written.is_file() else {}
-    if (summary.get("windows"), summary.get("eval", "validation blocks")) != (cfg["windows"], source) \
-            or "position_excess" not in report:
+    cached = cached_evaluation(cfg, variant, seed)
+    if cached is None:
+        out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
         model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
         options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"],
                                         batch_size=1, train_length=cfg["length"], corpus=cfg["eval_file"])
         metrics = run_suite(model, tokenizer, checkpoint, options, out)
-        summary = {"windows": cfg["windows"], "eval": source,
-                   "loss": {m: metrics[f"length_x{m}"]["loss"] for m in cfg["multiples"]}}
-        cached.write_text(json.dumps(summary))
-        report = json.loads(written.read_text())
+        (out / "summary.json").write_text(json.dumps({
+            "windows": cfg["windows"], "eval": cfg["eval_file"] or "validation blocks",
+            "loss": {m: metrics[f"length_x{m}"]["loss"] for m in cfg["multiples"]}}))
+        cached = cached_evaluation(cfg, variant, seed)
+    summary, report = cached
     return {int(k): v for k, v in summary["loss"].items()}, position_curves(report, cfg["multiples"][-1])
+
+
+def cached_evaluation(cfg: dict, variant: str, seed: int) -> tuple[dict, dict] | None:
+    """(summary.json, length.json) of the model's length evaluation when it was made with this run's windows and
+    text by an evaluator that writes `position_excess`; else None (bench/length_attention.py reads it too)."""
+    out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
+    cached, written = out / "summary.json", out / "length.json"
+    if not (cached.is_file() and written.is_file()):
+        return None
+    summary, report = json.loads(cached.read_text()), json.loads(written.read_text())
+    source = cfg["eval_file"] or "validation blocks"
+    if (summary.get("windows"), summary.get("eval", "validation blocks")) != (cfg["windows"], source) \
+            or "position_excess" not in report:
+        return None
+    return summary, report
 
 
 def position_curves(report: dict, multiple: int) -> dict[str, np.ndarray]:

@@ -177,11 +177,13 @@ def trained(recipe) -> pathlib.Path:
     return final
 
 
-def load(checkpoint: pathlib.Path, device: str):
+def load(checkpoint: pathlib.Path, device: str, **overrides):
+    """(float32 model in eval mode on `device`, tokenizer); `overrides` go to from_pretrained (config fields,
+    attn_implementation)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32, **overrides).to(device).eval()
     return model, AutoTokenizer.from_pretrained(checkpoint)
 
 
