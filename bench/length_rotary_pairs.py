@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import pathlib
 import sys
@@ -147,30 +148,41 @@ def losses(model, blocks: np.ndarray, cfg: dict) -> dict:
 
 
 def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
-    """One model's parts of S by octave ("long", "short") and its losses intact and with each rotating pair dropped."""
+    """One model's parts of S by octave ("long", "short") and its losses intact and with each rotating pair dropped,
+    kept beside the checkpoint (rotary_pairs.json) as each is done, so that a stopped run goes on where it was."""
     from modeling_angpt.evaluation.length import contiguous_blocks
 
     checkpoint = lm.train_variant(cfg, variant, seed)
+    path = lm.checkpoint_dir(cfg, variant, seed) / "rotary_pairs.json"
+    setting = {"windows": cfg["windows"], "eval": str(cfg["eval_file"])}
+    found = json.loads(path.read_text()) if path.is_file() else {}
+    if found.get("setting") != setting:  # made with other windows or text: measured again
+        found = {"setting": setting, "dropped": {}}
     model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
     labels, membership = components(model)
     length, multiple = cfg["length"], cfg["multiples"][-1]
     blocks, _ = contiguous_blocks(pathlib.Path(cfg["eval_file"]), tokenizer, length)
     if len(blocks) < multiple:
         raise SystemExit(f"--eval-corpus {cfg['eval_file']}: fewer than {multiple} blocks of {length} tokens")
-    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-    recorders = {multiple * length: PairRecorder(layers, heads, membership, octave_count(multiple * length),
-                                                 slice(multiple * length // 2, multiple * length)),
-                 length: PairRecorder(layers, heads, membership, octave_count(length), slice(length // 2, length))}
-    with attention_calls(recording(recorders)):
-        intact = losses(model, blocks, cfg)
-    print(f"{variant}, seed {seed}: intact {intact}", file=sys.stderr, flush=True)
-    dropped = {}
+    if "intact" not in found:
+        layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+        recorders = {multiple * length: PairRecorder(layers, heads, membership, octave_count(multiple * length),
+                                                     slice(multiple * length // 2, multiple * length)),
+                     length: PairRecorder(layers, heads, membership, octave_count(length), slice(length // 2, length))}
+        with attention_calls(recording(recorders)):
+            found["intact"] = losses(model, blocks, cfg)
+        found.update(labels=labels, long=recorders[multiple * length].mean().tolist(),
+                     short=recorders[length].mean().tolist())
+        path.write_text(json.dumps(found))
+        print(f"{variant}, seed {seed}: intact {found['intact']}", file=sys.stderr, flush=True)
     for part, label in enumerate(labels[:-1]):
-        with attention_calls(dropping(list(np.flatnonzero(membership[:, part])))):
-            dropped[label] = losses(model, blocks, cfg)
-        print(f"{variant}, seed {seed}: pair {label} dropped {dropped[label]}", file=sys.stderr, flush=True)
-    return {"labels": labels, "long": recorders[multiple * length].mean(), "short": recorders[length].mean(),
-            "intact": intact, "dropped": dropped}
+        if label not in found["dropped"]:
+            with attention_calls(dropping(list(np.flatnonzero(membership[:, part])))):
+                found["dropped"][label] = losses(model, blocks, cfg)
+            path.write_text(json.dumps(found))
+            print(f"{variant}, seed {seed}: pair {label} dropped {found['dropped'][label]}", file=sys.stderr,
+                  flush=True)
+    return {**found, "long": np.asarray(found["long"]), "short": np.asarray(found["short"])}
 
 
 def parts_table(analyses: dict, cfg: dict) -> list[str]:

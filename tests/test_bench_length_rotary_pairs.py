@@ -4,6 +4,7 @@ pair's products unchanged), dropping a pair is zeroing its query channels (check
 channels' QK-norm gain at zero), and the script runs end to end, its intact row reproducing the benchmark's loss."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -139,6 +140,11 @@ def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
         assert ablation[0][2] == rows(losses, f"| {variant} | ")[0][1]  # the intact model: the benchmark's 1× loss
         assert len(ablation[0]) == 7 and all(cell.startswith(("+", "-")) for cell in ablation[0][3:])
     assert (tmp_path / "plots" / "length_rotary_pairs.png").is_file()
+    kept = tmp_path / "runs" / "p-rope-s0" / "rotary_pairs.json"
+    assert json.loads(kept.read_text())["dropped"].keys() == set(turning)
+    kept.write_text(kept.read_text().replace('"single": ', '"single": 1'))  # a run again reads what was kept
+    pairs.main([*models, *out])
+    assert "| p-RoPE, seed 0 | none | 15." in results.read_text()
     with pytest.raises(SystemExit, match="--variants NoPE: expected variants with rotary pairs"):
         pairs.main([*models, "--variants", "NoPE", *out])
     with pytest.raises(SystemExit, match="--length 200: expected a power of two"):
