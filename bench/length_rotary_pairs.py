@@ -54,6 +54,16 @@ def components(model) -> tuple[list[str], np.ndarray]:
     return labels, membership
 
 
+def static_pairs(membership: np.ndarray) -> list[tuple[str, list[int]]]:
+    """(label, channels) of the channels that do not turn, two at a time (the i-th with the i-th of their second
+    half: the partners the rotation would give them). Dropped like a turning pair, one carries no position: the
+    control for what dropping any pair does."""
+    channels = [int(c) for c in np.flatnonzero(membership[:, -1])]
+    half = len(channels) // 2
+    return [(f"{STATIC}: channels {channels[i]}, {channels[i + half]}", [channels[i], channels[i + half]])
+            for i in range(half)]
+
+
 class PairRecorder:
     """Per layer, head, part and distance octave (0: t = 0; k ≥ 1: t ∈ [2^(k−1), 2^k)): the summed part of the raw
     logits over the visible keys of the recorded queries, and the number of those keys. The keys of an octave are
@@ -175,14 +185,17 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
                      short=recorders[length].mean().tolist())
         path.write_text(json.dumps(found))
         print(f"{variant}, seed {seed}: intact {found['intact']}", file=sys.stderr, flush=True)
-    for part, label in enumerate(labels[:-1]):
+    drops = [(label, [int(c) for c in np.flatnonzero(membership[:, part])]) for part, label in enumerate(labels[:-1])]
+    drops += static_pairs(membership) if cfg["drop"] == "all" else []
+    for label, channels in drops:
         if label not in found["dropped"]:
-            with attention_calls(dropping(list(np.flatnonzero(membership[:, part])))):
+            with attention_calls(dropping(channels)):
                 found["dropped"][label] = losses(model, blocks, cfg)
             path.write_text(json.dumps(found))
             print(f"{variant}, seed {seed}: pair {label} dropped {found['dropped'][label]}", file=sys.stderr,
                   flush=True)
-    return {**found, "long": np.asarray(found["long"]), "short": np.asarray(found["short"])}
+    return {**found, "long": np.asarray(found["long"]), "short": np.asarray(found["short"]),
+            "dropped": {label: found["dropped"][label] for label, _ in drops}}  # this run's, in order
 
 
 def parts_table(analyses: dict, cfg: dict) -> list[str]:
@@ -210,13 +223,16 @@ def parts_table(analyses: dict, cfg: dict) -> list[str]:
 
 
 def ablation_table(analyses: dict, cfg: dict) -> list[str]:
-    """Per model: the 1× loss and the excess by position bin, intact and with each rotating pair dropped."""
+    """Per model: the 1× loss and the excess by position bin, intact and with each pair of --drop dropped."""
     m = cfg["multiples"][-1]
     labels = [f"[{a}L, {b}L)".replace("[1L", "[L") for a, b in zip(POSITION_BIN_EDGES, POSITION_BIN_EDGES[1:])
               if b <= m]
+    control = (f"; then, as a control, each pair of the channels that do not turn ('{STATIC}: channels a, b'), "
+               "dropped the same way") if cfg["drop"] == "all" else ""
     lines = ["Each rotating pair dropped in turn (its query channels zeroed after the rotation in every layer and "
-             f"head): the loss on the 1× windows, and the loss excess of the {m}L windows over them by position "
-             "(the length evaluation's windows and text; the first row of each model is the intact model).", "",
+             f"head){control}: the loss on the 1× windows, and the loss excess of the {m}L windows over them by "
+             "position (the length evaluation's windows and text; the first row of each model is the intact "
+             "model).", "",
              "| model | dropped pair | loss, 1× | " + " | ".join(f"excess, {label}" for label in labels) + " |",
              "|---|---|---|" + "---|" * len(labels)]
     for variant, runs in analyses.items():
@@ -273,6 +289,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     lm.common_arguments(parser)
     parser.add_argument("--section", default="length_rotary_pairs", help="the RESULTS.md section to write")
+    parser.add_argument("--drop", choices=("turning", "all"), default="turning",
+                        help="the pairs dropped one at a time: the turning ones, or all (the channels that do not "
+                             "turn too, two at a time, as a control)")
     cfg = lm.resolve(parser.parse_args(argv))
     if cfg["length"] & (cfg["length"] - 1):
         raise SystemExit(f"--length {cfg['length']}: expected a power of two (the distance octaves start at L)")

@@ -145,6 +145,12 @@ def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
     kept.write_text(kept.read_text().replace('"single": ', '"single": 1'))  # a run again reads what was kept
     pairs.main([*models, *out])
     assert "| p-RoPE, seed 0 | none | 15." in results.read_text()
+    # the control: the channels that do not turn, dropped two at a time with their rotate-half partners
+    static = [f"{pairs.STATIC}: channels {c}, {c + 8}" for c in range(4, 8)]
+    for drop, shown in (("all", ["none", *turning, *static]), ("turning", ["none", *turning])):
+        pairs.main([*models, "--drop", drop, *out])
+        section = results.read_text().split("<!-- length_rotary_pairs:start -->")[1].split("<!-- length_rotary")[0]
+        assert [row[1] for row in rows(section, "| scale-invariant p-RoPE, seed 0 | ")] == shown
     with pytest.raises(SystemExit, match="--variants NoPE: expected variants with rotary pairs"):
         pairs.main([*models, "--variants", "NoPE", *out])
     with pytest.raises(SystemExit, match="--length 200: expected a power of two"):
