@@ -199,26 +199,26 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
 
 
 def parts_table(analyses: dict, cfg: dict) -> list[str]:
-    """Per variant and part: its mean part of S (over layers, heads and seeds) at the 1× windows' farthest octave,
-    then at that octave and each distance bin past L for the long windows' queries; the last row adds them up."""
+    """Per model and part: its mean part of S (over layers and heads) at the 1× windows' farthest octave, then at
+    that octave and each distance bin past L for the long windows' queries; the last row adds them up."""
     bins, m = distance_bins(cfg), cfg["multiples"][-1]
     edge = bins[1][1] - 1  # the octave [L/2, L)
     spans = [("short", "1×, [L/2, L)", edge), ("long", f"{m}L, [L/2, L)", edge),
              *(("long", f"{m}L, {label}", first) for label, first, _ in bins[1:])]
     lines = ["The raw logit S split into its rotary pairs: each part's mean over the keys at that distance "
-             "(mean over layers, heads and seeds), for the 1× windows' queries at [L/2, L) and the "
+             "(mean over layers and heads), for the 1× windows' queries at [L/2, L) and the "
              f"{m}L windows' queries at [{m // 2}L, {m}L). A pair is named by its frequency in radians per token; "
              f"'{STATIC}' is every channel that does not turn; 'S' is their sum, S's mean in "
              "bench/length_attention.py.", "",
              "| model | part | " + " | ".join(label for _, label, _ in spans) + " |", "|---|---|" + "---|" * len(spans)]
     for variant, runs in analyses.items():
-        labels = runs[0]["labels"]
-        for part, label in [*enumerate(labels), (None, "S")]:
-            cells = []
-            for windows, _, octave in spans:
-                parts = [run[windows][..., octave] for run in runs]  # [layers, heads, parts] per seed
-                cells.append(f"{np.mean([p.sum(-1) if part is None else p[..., part] for p in parts]):+.3f}")
-            lines.append(f"| {variant} | {label} | " + " | ".join(cells) + " |")
+        for seed, run in zip(lm.seed_ids(cfg), runs):
+            for part, label in [*enumerate(run["labels"]), (None, "S")]:
+                cells = []
+                for windows, _, octave in spans:
+                    parts = run[windows][..., octave]  # [layers, heads, parts]
+                    cells.append(f"{(parts.sum(-1) if part is None else parts[..., part]).mean():+.3f}")
+                lines.append(f"| {variant}, seed {seed} | {label} | " + " | ".join(cells) + " |")
     return lines
 
 

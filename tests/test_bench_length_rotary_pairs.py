@@ -128,14 +128,14 @@ def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
     profile = text.split("<!-- length_attention:start -->")[1].split("<!-- length_attention:end")[0]
     losses = text.split("<!-- length_generalisation:start -->")[1].split("<!-- length_generalisation:end")[0]
     for variant in ("p-RoPE", "scale-invariant p-RoPE"):
-        parts = rows(section, f"| {variant} | ")
+        parts = rows(section.split("Each rotating pair dropped")[0], f"| {variant}, seed 0 | ")
         turning = ["1", "1/10", "1/102", "1/1024"]  # d_h = 16: 8 pairs, 4 turning at 1024^(−k/3) radians per token
         assert [row[1] for row in parts] == [*turning, pairs.STATIC, "S"]
         for column in range(2, len(parts[0])):  # the parts add up to S
             assert sum(float(row[column]) for row in parts[:-1]) == pytest.approx(float(parts[-1][column]), abs=0.003)
         mean_of_s = rows(profile, f"| {variant}, seed 0 | ")[-1][1].split(",")[0]  # bench/length_attention.py's μ
         assert float(parts[-1][2]) == pytest.approx(float(mean_of_s), abs=0.006)
-        ablation = rows(section, f"| {variant}, seed 0 | ")
+        ablation = rows(section.split("Each rotating pair dropped")[1], f"| {variant}, seed 0 | ")
         assert [row[1] for row in ablation] == ["none", *turning]
         assert ablation[0][2] == rows(losses, f"| {variant} | ")[0][1]  # the intact model: the benchmark's 1× loss
         assert len(ablation[0]) == 7 and all(cell.startswith(("+", "-")) for cell in ablation[0][3:])
@@ -150,7 +150,8 @@ def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
     for drop, shown in (("all", ["none", *turning, *static]), ("turning", ["none", *turning])):
         pairs.main([*models, "--drop", drop, *out])
         section = results.read_text().split("<!-- length_rotary_pairs:start -->")[1].split("<!-- length_rotary")[0]
-        assert [row[1] for row in rows(section, "| scale-invariant p-RoPE, seed 0 | ")] == shown
+        ablation = rows(section.split("Each rotating pair dropped")[1], "| scale-invariant p-RoPE, seed 0 | ")
+        assert [row[1] for row in ablation] == shown
     with pytest.raises(SystemExit, match="--variants NoPE: expected variants with rotary pairs"):
         pairs.main([*models, "--variants", "NoPE", *out])
     with pytest.raises(SystemExit, match="--length 200: expected a power of two"):
