@@ -16,8 +16,11 @@ loss excess over them by position in the M·L windows ([L, 2L), [2L, 4L), ...). 
 whose removal cuts the excess there is a cause of the growth; its cost within L is the 1× loss.
 
     python bench/length_rotary_pairs.py --jobs 2 --threads 1 --seeds 2 --variants p-RoPE "scale-invariant p-RoPE" \\
-        --output-dir runs/length_default        # four default models, evaluated only (~N min on 2 cores)
+        --output-dir runs/length_default   # four default models, evaluated only (~13 min per model on one core)
     python bench/length_rotary_pairs.py --size quick --variants "scale-invariant p-RoPE"   # minutes
+
+`--drop all` also drops the channels that do not turn, two at a time, as a control: dropping any pair takes its
+share of S's spread away, and a smaller spread alone weighs the far keys less (docs/attention.md).
 
 The models are trained first when missing (the checkpoints and arguments of bench/length_generalisation.py).
 """
@@ -42,7 +45,7 @@ STATIC = "ω = 0"  # the label of the channels that do not turn
 
 def components(model) -> tuple[list[str], np.ndarray]:
     """(labels, membership [d_h, parts]): one part per rotating pair (channels c and c + r/2 with ω_c > 0), labelled
-    by its period in tokens per radian, then one part for every channel that does not turn."""
+    by its frequency ("1/141": 1/141 radians per token), then one part for every channel that does not turn."""
     inv_freq = model.model.rotary_emb.inv_freq.double().cpu().numpy()
     half, head_dim = len(inv_freq), model.config.head_dim
     rotating = [c for c in range(half) if inv_freq[c] > 0]
