@@ -256,7 +256,7 @@ def plot(analyses: dict, cfg: dict, path: pathlib.Path) -> None:
 
     octaves = octave_count(cfg["multiples"][-1] * cfg["length"])
     centres = np.array([1.5 * 2 ** (k - 1) for k in range(1, octaves)])
-    figure, axes = plt.subplots(1, len(analyses), figsize=(6 * len(analyses), 4.2), squeeze=False)
+    figure, axes = plt.subplots(1, len(analyses), figsize=(max(8, 6 * len(analyses)), 4.4), squeeze=False)
     for axis, (variant, runs) in zip(axes[0], analyses.items()):
         long = np.mean([run["long"].mean(axis=(0, 1)) for run in runs], axis=0)  # [parts, octaves]
         for part, label in enumerate(runs[0]["labels"]):
@@ -269,8 +269,8 @@ def plot(analyses: dict, cfg: dict, path: pathlib.Path) -> None:
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7, ncol=2)
     m = cfg["multiples"][-1]
-    figure.suptitle(f"queries at [{m // 2}L, {m}L) of {m}L windows, L={cfg['length']} (dashed); mean over layers, "
-                    "heads and seeds", fontsize=10)
+    figure.suptitle(f"queries at [{m // 2}L, {m}L) of {m}L windows; L = {cfg['length']} (dashed line); mean over "
+                    "layers, heads and seeds", fontsize=10)
     rf.save_figure(figure, path)
 
 
