@@ -261,38 +261,57 @@ def plot(profiles: dict, cfg: dict, path: pathlib.Path) -> None:
     rf.save_figure(figure, path)
 
 
+def section_head(cfg: dict, title: str, command: str, how: str) -> list[str]:
+    """The opening lines of a section about the length models' attention: title (with the run's seeds and own
+    settings), command, machine, which checkpoints ran `how` on which windows, and the settings changed."""
+    return [f"## Length generalisation: {title}{lm.title_suffix(cfg)}{lm.own_section_suffix(cfg)}", "",
+            f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
+            f"The checkpoints of `bench/length_generalisation.py` in `{cfg['output_dir']}` ({cfg['arch']}, "
+            f"d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, trained at L={cfg['length']} for "
+            f"{cfg['steps']} steps), {how} {cfg['windows']} windows of {cfg['multiples'][-1]}L tokens of "
+            f"`{lm.shown(cfg, cfg['eval_file'])}` (the length evaluation's text and windows), and on the same tokens "
+            "cut into 1× windows.", "",
+            rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), ""]
+
+
 def section(profiles: dict, cfg: dict, command: str, png_link: str) -> str:
-    lines = [f"## Length generalisation: where the attention goes past L{lm.title_suffix(cfg)}"
-             f"{lm.own_section_suffix(cfg)}", "", f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
-             f"The checkpoints of `bench/length_generalisation.py` in `{cfg['output_dir']}` ({cfg['arch']}, "
-             f"d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, trained at L={cfg['length']} for "
-             f"{cfg['steps']} steps), run on the eager attention path over {cfg['windows']} windows of "
-             f"{cfg['multiples'][-1]}L tokens of `{lm.shown(cfg, cfg['eval_file'])}` (the length evaluation's "
-             "text and windows), and on the same tokens cut into 1× windows.", "",
-             rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), "",
-             *weight_tables(profiles, cfg), "", *logit_table(profiles, cfg), "",
-             f"![attention weight and logit spread by distance]({png_link})"]
-    return "\n".join(lines)
+    return "\n".join([*section_head(cfg, "where the attention goes past L", command,
+                                    "run on the eager attention path over"),
+                      *weight_tables(profiles, cfg), "", *logit_table(profiles, cfg), "",
+                      f"![attention weight and logit spread by distance]({png_link})"])
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lm.common_arguments(parser)
-    parser.add_argument("--section", default="length_attention", help="the RESULTS.md section to write")
+def resolve(parser: argparse.ArgumentParser, argv) -> dict:
+    """The length models' settings, checked for a profile by distance: L a power of two (octaves start at L) and
+    running text to evaluate on."""
     cfg = lm.resolve(parser.parse_args(argv))
     if cfg["length"] & (cfg["length"] - 1):
         raise SystemExit(f"--length {cfg['length']}: expected a power of two (the distance octaves start at L)")
     if not cfg["eval_file"]:
         raise SystemExit("--eval-corpus blocks: expected 'heldout' or a text file (running text, so that distance "
                          "past L is context)")
-    found = lm.for_each_model(cfg, profile_variant)
-    profiles = {variant: dict(zip(lm.seed_ids(cfg), runs)) for variant, runs in found.items()}
+    return cfg
+
+
+def publish(found, cfg: dict, script: str, argv, write_section, draw) -> None:
+    """Print the section `write_section(found, cfg, command, png link)`; unless --no-write, draw its plot and write it
+    into the results file."""
     png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
-    text = section(profiles, cfg, rf.command_line("length_attention.py", argv), rf.plot_link(cfg["results"], png))
+    text = write_section(found, cfg, rf.command_line(script, argv), rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:
-        plot(profiles, cfg, png)
+        draw(found, cfg, png)
         rf.update_section(cfg["section"], text, cfg["results"])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
+    lm.common_arguments(parser)
+    parser.add_argument("--section", default="length_attention", help="the RESULTS.md section to write")
+    cfg = resolve(parser, argv)
+    found = lm.for_each_model(cfg, profile_variant)
+    profiles = {variant: dict(zip(lm.seed_ids(cfg), runs)) for variant, runs in found.items()}
+    publish(profiles, cfg, "length_attention.py", argv, section, plot)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import numpy as np
 
 import length_models as lm
 import results_file as rf
-from length_attention import distance_bins, octave_count
+from length_attention import distance_bins, octave_count, publish, resolve, section_head
 from length_generalisation import POSITION_BIN_EDGES, binned
 
 STATIC = "ω = 0"  # the label of the channels that do not turn
@@ -275,17 +275,9 @@ def plot(analyses: dict, cfg: dict, path: pathlib.Path) -> None:
 
 
 def section(analyses: dict, cfg: dict, command: str, png_link: str) -> str:
-    lines = [f"## Length generalisation: which rotary pairs make the distance penalty{lm.title_suffix(cfg)}"
-             f"{lm.own_section_suffix(cfg)}", "", f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
-             f"The checkpoints of `bench/length_generalisation.py` in `{cfg['output_dir']}` ({cfg['arch']}, "
-             f"d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, trained at L={cfg['length']} for "
-             f"{cfg['steps']} steps), seeds {lm.seed_ids(cfg)}, on {cfg['windows']} windows of "
-             f"{cfg['multiples'][-1]}L tokens of `{lm.shown(cfg, cfg['eval_file'])}` (the length evaluation's "
-             "text and windows) and the same tokens cut into 1× windows.", "",
-             rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), "",
-             *parts_table(analyses, cfg), "", *ablation_table(analyses, cfg), "",
-             f"![each rotary pair's part of the raw logit by distance]({png_link})"]
-    return "\n".join(lines)
+    return "\n".join([*section_head(cfg, "which rotary pairs make the distance penalty", command, "on"),
+                      *parts_table(analyses, cfg), "", *ablation_table(analyses, cfg), "",
+                      f"![each rotary pair's part of the raw logit by distance]({png_link})"])
 
 
 def main(argv=None):
@@ -295,22 +287,11 @@ def main(argv=None):
     parser.add_argument("--drop", choices=("turning", "all"), default="turning",
                         help="the pairs dropped one at a time: the turning ones, or all (the channels that do not "
                              "turn too, two at a time, as a control)")
-    cfg = lm.resolve(parser.parse_args(argv))
-    if cfg["length"] & (cfg["length"] - 1):
-        raise SystemExit(f"--length {cfg['length']}: expected a power of two (the distance octaves start at L)")
-    if not cfg["eval_file"]:
-        raise SystemExit("--eval-corpus blocks: expected 'heldout' or a text file (running text, so that distance "
-                         "past L is context)")
+    cfg = resolve(parser, argv)
     without = [v for v in cfg["variants"] if lm.VARIANTS[v]["rope_parameters"]["rope_type"] == "none"]
     if without:
         raise SystemExit(f"--variants {' '.join(without)}: expected variants with rotary pairs (not NoPE or ALiBi)")
-    analyses = lm.for_each_model(cfg, analyse_variant)
-    png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
-    text = section(analyses, cfg, rf.command_line("length_rotary_pairs.py", argv), rf.plot_link(cfg["results"], png))
-    print(text)
-    if not cfg["no_write"]:
-        plot(analyses, cfg, png)
-        rf.update_section(cfg["section"], text, cfg["results"])
+    publish(lm.for_each_model(cfg, analyse_variant), cfg, "length_rotary_pairs.py", argv, section, plot)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Shared helpers for tests/test_attention_*.py: tiny models over the attention axes (SPEC §3)."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
@@ -79,3 +81,26 @@ def assert_close_on(mask, actual, expected, atol=1e-5):
     """Compare logits at real (non-padding) positions only."""
     keep = torch.ones(actual.shape[:2], dtype=torch.bool) if mask is None else mask.bool()
     torch.testing.assert_close(actual[keep], expected[keep], rtol=0, atol=atol)
+
+
+@contextlib.contextmanager
+def captured_attention_calls():
+    """[(q, k, scaling)] of every attention call made inside the block, as the decoder hands them to its attention
+    function (after the rotation and any query scaling): the oracle for what attention receives."""
+    import modeling_angpt.decoder_angpt as decoder
+
+    captured, inner = [], decoder.get_attention_function
+
+    def capturing(config):
+        attend = inner(config)
+
+        def run(module, query, key, value, attention_mask, scaling, **kwargs):
+            captured.append((query.detach(), key.detach(), scaling))
+            return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        return run
+
+    decoder.get_attention_function = capturing
+    try:
+        yield captured
+    finally:
+        decoder.get_attention_function = inner

@@ -12,6 +12,13 @@ BENCH = Path(__file__).resolve().parents[1] / "bench"
 TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "300", "--threads", "1"]
 
 
+def tiny_length_models(bench, tmp_path, *variants: str) -> list[str]:
+    """The length scripts' arguments for tiny models of `variants`: L = 256, two steps, one window, under tmp_path."""
+    _, _, corpus, recipe = bench
+    return [*TINY, "--length", "256", "--batch", "2", "--steps", "2", "--variants", *variants, "--dataset", str(corpus),
+            "--recipe", str(recipe), "--output-dir", str(tmp_path / "runs"), "--windows", "1"]
+
+
 @pytest.fixture
 def bench(tmp_path, monkeypatch):
     """(output arguments, RESULTS.md path, corpus file, recipe file): bench/ importable, outputs in tmp_path."""

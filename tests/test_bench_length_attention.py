@@ -7,10 +7,9 @@ import math
 
 import pytest
 import torch
-from attention_fixtures import build, make_config
-from bench_fixtures import TINY, bench  # noqa: F401 (fixture)
+from attention_fixtures import build, captured_attention_calls, make_config
+from bench_fixtures import bench, tiny_length_models  # noqa: F401 (fixture)
 
-import modeling_angpt.decoder_angpt as decoder
 from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register
 
 RUNS = [("scale_invariant", {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5}),
@@ -34,7 +33,7 @@ def octave_of(t: int) -> int:
 
 
 @pytest.mark.parametrize("transform, rope", RUNS)
-def test_probe_records_the_models_own_weights_and_raw_logits(probes, monkeypatch, transform, rope):
+def test_probe_records_the_models_own_weights_and_raw_logits(probes, transform, rope):
     config = make_config(transform, architecture="gptplus", rope=rope)
     model = build(config, "eager")
     probed = build(make_config(probes.probe_transform(transform), architecture="gptplus", rope=rope), "eager")
@@ -42,25 +41,14 @@ def test_probe_records_the_models_own_weights_and_raw_logits(probes, monkeypatch
     length, rows = 40, slice(20, 40)
     ids = torch.randint(0, config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
 
-    captured = []  # (q, k, scaling) of each layer, straight from the attention call: the raw-logit oracle
-    inner = decoder.get_attention_function
-
-    def capturing(config):
-        attend = inner(config)
-
-        def run(module, query, key, value, attention_mask, scaling, **kwargs):
-            captured.append((query.detach(), key.detach(), scaling))
-            return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        return run
-
     with torch.no_grad():
         expected = model(ids, output_attentions=True)
         octaves = probes.octave_count(length)
         probes.RECORDER = probes.AttentionRecorder(config.num_hidden_layers, config.num_attention_heads, octaves)
         try:
             probes.RECORDER.start(rows)
-            monkeypatch.setattr(decoder, "get_attention_function", capturing)
-            logits = probed(ids).logits
+            with captured_attention_calls() as captured:  # (q, k, scaling) of each layer: the raw-logit oracle
+                logits = probed(ids).logits
             found = probes.RECORDER.summary()
         finally:
             probes.RECORDER = None
@@ -84,12 +72,10 @@ def test_probe_records_the_models_own_weights_and_raw_logits(probes, monkeypatch
 
 
 def test_length_attention_smoke(bench, probes, tmp_path):  # noqa: F811
-    out, results, corpus, recipe = bench
+    out, results, _, _ = bench
     import length_generalisation
 
-    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "2", "--variants", "ALiBi",
-              "scale-invariant p-RoPE", "--dataset", str(corpus), "--recipe", str(recipe),
-              "--output-dir", str(tmp_path / "runs"), "--windows", "1"]
+    models = tiny_length_models(bench, tmp_path, "ALiBi", "scale-invariant p-RoPE")
     length_generalisation.main([*models, *out])
     probes.main([*models, *out])
     text = results.read_text().split("<!-- length_attention:start -->")[1].split("<!-- length_attention:end")[0]

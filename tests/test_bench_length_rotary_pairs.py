@@ -9,10 +9,9 @@ import math
 
 import pytest
 import torch
-from attention_fixtures import build, make_config
-from bench_fixtures import TINY, bench  # noqa: F401 (fixture)
+from attention_fixtures import build, captured_attention_calls, make_config
+from bench_fixtures import bench, tiny_length_models  # noqa: F401 (fixture)
 
-import modeling_angpt.decoder_angpt as decoder
 
 SI_P_ROPE = {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5}
 PARTIAL_ROPE = {"rope_type": "default", "partial_rotary_factor": 0.5}
@@ -35,23 +34,9 @@ def record(pairs, model, ids, rows, octaves, position_ids=None):
     _, membership = pairs.components(model)
     recorder = pairs.PairRecorder(model.config.num_hidden_layers, model.config.num_attention_heads, membership,
                                   octaves, rows)
-    captured = []
-    inner = decoder.get_attention_function
-
-    def capturing(config):
-        attend = inner(config)
-
-        def run(module, query, key, value, attention_mask, scaling, **kwargs):
-            captured.append((query.detach(), key.detach(), scaling))
-            return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        return run
-
-    decoder.get_attention_function = capturing
-    try:
-        with torch.no_grad(), pairs.attention_calls(pairs.recording({ids.shape[1]: recorder})):
-            model(ids, position_ids=position_ids)
-    finally:
-        decoder.get_attention_function = inner
+    with torch.no_grad(), captured_attention_calls() as captured, \
+            pairs.attention_calls(pairs.recording({ids.shape[1]: recorder})):
+        model(ids, position_ids=position_ids)
     return recorder.mean(), captured
 
 
@@ -107,13 +92,11 @@ def test_dropping_a_pair_is_zeroing_its_query_channels(pairs):
 
 
 def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
-    out, results, corpus, recipe = bench
+    out, results, _, _ = bench
     import length_attention
     import length_generalisation
 
-    models = [*TINY, "--length", "256", "--batch", "2", "--steps", "2", "--variants", "p-RoPE",
-              "scale-invariant p-RoPE", "--dataset", str(corpus), "--recipe", str(recipe),
-              "--output-dir", str(tmp_path / "runs"), "--windows", "1"]
+    models = tiny_length_models(bench, tmp_path, "p-RoPE", "scale-invariant p-RoPE")
     length_generalisation.main([*models, *out])
     length_attention.main([*models, *out])
     pairs.main([*models, *out])
