@@ -256,11 +256,18 @@ def plot(analyses: dict, cfg: dict, path: pathlib.Path) -> None:
 
     octaves = octave_count(cfg["multiples"][-1] * cfg["length"])
     centres = np.array([1.5 * 2 ** (k - 1) for k in range(1, octaves)])
-    figure, axes = plt.subplots(1, len(analyses), figsize=(max(8, 6 * len(analyses)), 4.4), squeeze=False)
-    for axis, (variant, runs) in zip(axes[0], analyses.items()):
+    columns = min(2, len(analyses))
+    rows = math.ceil(len(analyses) / columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(8 if columns == 1 else 13, 4.4 * rows), squeeze=False)
+    for axis in axes.flat[len(analyses):]:
+        axis.set_visible(False)
+    for axis, (variant, runs) in zip(axes.flat, analyses.items()):
         long = np.mean([run["long"].mean(axis=(0, 1)) for run in runs], axis=0)  # [parts, octaves]
-        for part, label in enumerate(runs[0]["labels"]):
-            axis.plot(centres, long[part, 1:], ".-", label=label, linewidth=1)
+        labels = runs[0]["labels"]
+        colours = plt.cm.viridis(np.linspace(0.0, 0.9, len(labels) - 1))  # fast pairs dark, slow ones light
+        for part, label in enumerate(labels):
+            colour = colours[part] if part < len(labels) - 1 else "grey"
+            axis.plot(centres, long[part, 1:], ".-", color=colour, label=label, linewidth=1)
         axis.plot(centres, long.sum(0)[1:], "k.-", label="S", linewidth=2)
         axis.axvline(cfg["length"], color="grey", linestyle="--", linewidth=1)
         axis.axhline(0.0, color="grey", linewidth=1)
