@@ -198,14 +198,20 @@ def weight_tables(profiles: dict, cfg: dict) -> list[str]:
     return lines
 
 
+def logit_spans(cfg: dict) -> list[tuple[str, str, int]]:
+    """(windows, column label, octave) of the columns of a table of raw logits by distance: the 1× windows' queries
+    at [L/2, L), then the long windows' queries there and in each distance bin past L (one octave each)."""
+    bins, m = distance_bins(cfg), cfg["multiples"][-1]
+    edge = bins[1][1] - 1  # octave [L/2, L)
+    return [("short", "1×, [L/2, L)", edge), ("long", f"{m}L, [L/2, L)", edge),
+            *(("long", f"{m}L, {label}", first) for label, first, _ in bins[1:])]
+
+
 def logit_table(profiles: dict, cfg: dict) -> list[str]:
     """Per model, the raw logits S by distance (the scale-invariant transform's premise: mean 0, spread 1): the 1×
     windows' queries at the farthest octave they saw, then the long windows' queries at that octave and at each
     distance bin past L (one octave each)."""
-    bins, m = distance_bins(cfg), cfg["multiples"][-1]
-    edge = bins[1][1] - 1  # octave [L/2, L)
-    spans = [("short", "1×, [L/2, L)", edge), ("long", f"{m}L, [L/2, L)", edge),
-             *(("long", f"{m}L, {label}", first) for label, first, _ in bins[1:])]
+    m, spans = cfg["multiples"][-1], logit_spans(cfg)
     lines = ["The raw logits S (after QK-norm and 1/√d_h, before any transform; LogN's query scale included) by "
              "distance: their mean μ and spread σ over the keys of each layer and head at that distance, averaged "
              "over layers and heads, as μ, σ (the largest head's σ in brackets). First for the 1× windows' queries "

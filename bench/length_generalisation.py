@@ -102,12 +102,17 @@ def binned(curve: np.ndarray, length: int) -> list[float]:
     return [float(mean) for mean in bin_means(curve, edges)]
 
 
+def position_bin_labels(longest: int) -> list[str]:
+    """'[0, L)', '[L, 2L)', '[2L, 4L)', ...: the bins of POSITION_BIN_EDGES that windows of `longest`·L reach."""
+    return [f"[{a}L, {b}L)".replace("[0L", "[0").replace(" 1L)", " L)").replace("[1L", "[L")
+            for a, b in zip((0,) + POSITION_BIN_EDGES, POSITION_BIN_EDGES) if b <= longest]
+
+
 def by_position_tables(curves: dict, cfg: dict) -> list[str]:
     """The growth past L (the table above) split by how far past L a token stands: each variant's mean loss per bin
     of positions in the longest windows, and its mean loss there minus the same tokens' loss in 1× windows."""
     length, longest = cfg["length"], cfg["multiples"][-1]
-    labels = [f"[{a}L, {b}L)".replace("[0L", "[0").replace(" 1L)", " L)").replace("[1L", "[L")
-              for a, b in zip((0,) + POSITION_BIN_EDGES, POSITION_BIN_EDGES) if b <= longest]
+    labels = position_bin_labels(longest)
     lines = [f"Where in the {longest}L windows the loss grows (the tokens of the last column above; mean over seeds). "
              "First the mean loss per bin of positions; each bin scores every variant on the same tokens, so "
              "variants compare within a column (across columns the text differs too, the same for every variant). "

@@ -37,17 +37,20 @@ import numpy as np
 
 import length_models as lm
 import results_file as rf
-from length_attention import distance_bins, octave_count, publish, resolve, section_head
-from length_generalisation import POSITION_BIN_EDGES, binned
+from length_attention import logit_spans, octave_count, publish, resolve, section_head
+from length_generalisation import binned, position_bin_labels
 
 STATIC = "ω = 0"  # the label of the channels that do not turn
 
 
-def components(model) -> tuple[list[str], np.ndarray]:
-    """(labels, membership [d_h, parts]): one part per rotating pair (channels c and c + r/2 with ω_c > 0), labelled
-    by its frequency ("1/141": 1/141 radians per token), then one part for every channel that does not turn."""
-    inv_freq = model.model.rotary_emb.inv_freq.double().cpu().numpy()
-    half, head_dim = len(inv_freq), model.config.head_dim
+def components(config) -> tuple[list[str], np.ndarray]:
+    """(labels, membership [d_h, parts]) for a model's config: one part per rotating pair (channels c and c + r/2 with
+    ω_c > 0), labelled by its frequency ("1/141": 1/141 radians per token), then one part for every channel that does
+    not turn. The frequencies are the library's own (`compute_inv_freq`, what the model's rotary table holds)."""
+    from modeling_angpt.rotary_angpt import compute_inv_freq
+
+    inv_freq = compute_inv_freq(config)[0].double().numpy()
+    half, head_dim = len(inv_freq), config.head_dim
     rotating = [c for c in range(half) if inv_freq[c] > 0]
     membership = np.zeros((head_dim, len(rotating) + 1))
     for part, c in enumerate(rotating):
@@ -161,9 +164,10 @@ def losses(model, blocks: np.ndarray, cfg: dict) -> dict:
 
 
 def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
-    """One model's parts of S by octave ("long", "short") and its losses intact and with each rotating pair dropped,
-    kept beside the checkpoint (rotary_pairs.json) as each is done, so that a stopped run goes on where it was."""
-    from modeling_angpt.evaluation.length import contiguous_blocks
+    """One model's parts of S by octave ("long", "short") and its losses intact and with each pair of --drop dropped,
+    kept beside the checkpoint (rotary_pairs.json) as each is done, so that a stopped run goes on where it was and a
+    finished one is only read."""
+    from transformers import AutoConfig
 
     checkpoint = lm.train_variant(cfg, variant, seed)
     path = lm.checkpoint_dir(cfg, variant, seed) / "rotary_pairs.json"
@@ -171,13 +175,28 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
     found = json.loads(path.read_text()) if path.is_file() else {}
     if found.get("setting") != setting:  # made with other windows or text: measured again
         found = {"setting": setting, "dropped": {}}
+    labels, membership = components(AutoConfig.from_pretrained(checkpoint))
+    drops = [(label, [int(c) for c in np.flatnonzero(membership[:, part])]) for part, label in enumerate(labels[:-1])]
+    drops += static_pairs(membership) if cfg["drop"] == "all" else []
+    if "intact" not in found or any(label not in found["dropped"] for label, _ in drops):
+        measure(cfg, f"{variant}, seed {seed}", checkpoint, (labels, membership), drops, found, path)
+    return {**found, "long": np.asarray(found["long"]), "short": np.asarray(found["short"]),
+            "dropped": {label: found["dropped"][label] for label, _ in drops}}  # this run's, in order
+
+
+def measure(cfg: dict, name: str, checkpoint: pathlib.Path, parts: tuple, drops: list, found: dict,
+            path: pathlib.Path) -> None:
+    """Fill `found` with what it lacks (the intact model's `parts` of S and losses, the losses with each of `drops`
+    dropped), writing it to `path` after each."""
+    from modeling_angpt.evaluation.length import contiguous_blocks
+
     model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
-    labels, membership = components(model)
     length, multiple = cfg["length"], cfg["multiples"][-1]
     blocks, _ = contiguous_blocks(pathlib.Path(cfg["eval_file"]), tokenizer, length)
     if len(blocks) < multiple:
         raise SystemExit(f"--eval-corpus {cfg['eval_file']}: fewer than {multiple} blocks of {length} tokens")
     if "intact" not in found:
+        labels, membership = parts
         layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
         recorders = {multiple * length: PairRecorder(layers, heads, membership, octave_count(multiple * length),
                                                      slice(multiple * length // 2, multiple * length)),
@@ -187,27 +206,19 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
         found.update(labels=labels, long=recorders[multiple * length].mean().tolist(),
                      short=recorders[length].mean().tolist())
         path.write_text(json.dumps(found))
-        print(f"{variant}, seed {seed}: intact {found['intact']}", file=sys.stderr, flush=True)
-    drops = [(label, [int(c) for c in np.flatnonzero(membership[:, part])]) for part, label in enumerate(labels[:-1])]
-    drops += static_pairs(membership) if cfg["drop"] == "all" else []
+        print(f"{name}: intact {found['intact']}", file=sys.stderr, flush=True)
     for label, channels in drops:
         if label not in found["dropped"]:
             with attention_calls(dropping(channels)):
                 found["dropped"][label] = losses(model, blocks, cfg)
             path.write_text(json.dumps(found))
-            print(f"{variant}, seed {seed}: pair {label} dropped {found['dropped'][label]}", file=sys.stderr,
-                  flush=True)
-    return {**found, "long": np.asarray(found["long"]), "short": np.asarray(found["short"]),
-            "dropped": {label: found["dropped"][label] for label, _ in drops}}  # this run's, in order
+            print(f"{name}: pair {label} dropped {found['dropped'][label]}", file=sys.stderr, flush=True)
 
 
 def parts_table(analyses: dict, cfg: dict) -> list[str]:
     """Per model and part: its mean part of S (over layers and heads) at the 1× windows' farthest octave, then at
     that octave and each distance bin past L for the long windows' queries; the last row adds them up."""
-    bins, m = distance_bins(cfg), cfg["multiples"][-1]
-    edge = bins[1][1] - 1  # the octave [L/2, L)
-    spans = [("short", "1×, [L/2, L)", edge), ("long", f"{m}L, [L/2, L)", edge),
-             *(("long", f"{m}L, {label}", first) for label, first, _ in bins[1:])]
+    m, spans = cfg["multiples"][-1], logit_spans(cfg)
     lines = ["The raw logit S split into its rotary pairs: each part's mean over the keys at that distance "
              "(mean over layers and heads), for the 1× windows' queries at [L/2, L) and the "
              f"{m}L windows' queries at [{m // 2}L, {m}L). A pair is named by its frequency in radians per token; "
@@ -228,8 +239,7 @@ def parts_table(analyses: dict, cfg: dict) -> list[str]:
 def ablation_table(analyses: dict, cfg: dict) -> list[str]:
     """Per model: the 1× loss and the excess by position bin, intact and with each pair of --drop dropped."""
     m = cfg["multiples"][-1]
-    labels = [f"[{a}L, {b}L)".replace("[1L", "[L") for a, b in zip(POSITION_BIN_EDGES, POSITION_BIN_EDGES[1:])
-              if b <= m]
+    labels = position_bin_labels(m)[1:]  # the excess starts at L
     control = (f"; then, as a control, each pair of the channels that do not turn ('{STATIC}: channels a, b'), "
                "dropped the same way") if cfg["drop"] == "all" else ""
     lines = ["Each rotating pair dropped in turn (its query channels zeroed after the rotation in every layer and "

@@ -31,7 +31,7 @@ def octave_of(t: int) -> int:
 def record(pairs, model, ids, rows, octaves, position_ids=None):
     """The recorder's mean parts [layers, heads, parts, octaves], and (q, k, scaling) of each layer as captured by a
     plain wrapper of the attention call."""
-    _, membership = pairs.components(model)
+    _, membership = pairs.components(model.config)
     recorder = pairs.PairRecorder(model.config.num_hidden_layers, model.config.num_attention_heads, membership,
                                   octaves, rows)
     with torch.no_grad(), captured_attention_calls() as captured, \
@@ -74,7 +74,7 @@ def test_parts_are_the_rotary_pairs(pairs, rope, kv_heads):
 def test_dropping_a_pair_is_zeroing_its_query_channels(pairs):
     config = make_config("scale_invariant", architecture="gptplus", rope=SI_P_ROPE, num_attention_heads=2)
     model = build(config, "eager")
-    labels, membership = pairs.components(model)
+    labels, membership = pairs.components(model.config)
     assert labels[-1] == pairs.STATIC and len(labels) == config.head_dim // 4 + 1  # p = 0.5: a quarter of d_h turns
     ids = torch.randint(0, config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(1))
     channels = list(torch.nonzero(torch.as_tensor(membership[:, 1])).flatten().tolist())
