@@ -19,15 +19,18 @@ whose removal cuts the excess there is a cause of the growth; its cost within L 
         --output-dir runs/length_default   # four default models, evaluated only (~13 min per model on one core)
     python bench/length_rotary_pairs.py --size quick --variants "scale-invariant p-RoPE"   # minutes
 
-`--drop all` also drops the channels that do not turn, two at a time, as a control: dropping any pair takes its
-share of S's spread away, and a smaller spread alone weighs the far keys less (docs/attention.md).
+It also measures each part's spread: its variance over the keys of an octave, each query's own (what one query's
+softmax sees), and its covariance with S, so that the table of drops can show S's variance with each pair gone.
+A smaller spread by itself weighs the far keys less under the scale-invariant transform (docs/attention.md), so
+`--drop all` adds two controls: the channels that do not turn, dropped two at a time like a pair (no position, and
+whatever spread they carry), and every query scaled so that S's variance falls by 10 % and by 20 % (spread taken
+from every part alike, no pair removed).
 
 The models are trained first when missing (the checkpoints and arguments of bench/length_generalisation.py).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import pathlib
@@ -39,118 +42,14 @@ import length_models as lm
 import results_file as rf
 from length_attention import logit_spans, octave_count, publish, resolve, section_head
 from length_generalisation import binned, position_bin_labels
+from rotary_pairs_probe import (STATIC, PairRecorder, attention_calls, components, dropping, recording,
+                                scaling, spread_units, static_pairs)
 
-STATIC = "ω = 0"  # the label of the channels that do not turn
-
-
-def components(config) -> tuple[list[str], np.ndarray]:
-    """(labels, membership [d_h, parts]) for a model's config: one part per rotating pair (channels c and c + r/2 with
-    ω_c > 0), labelled by its frequency ("1/141": 1/141 radians per token), then one part for every channel that does
-    not turn. The frequencies are the library's own (`compute_inv_freq`, what the model's rotary table holds)."""
-    from modeling_angpt.rotary_angpt import compute_inv_freq
-
-    inv_freq = compute_inv_freq(config)[0].double().numpy()
-    half, head_dim = len(inv_freq), config.head_dim
-    rotating = [c for c in range(half) if inv_freq[c] > 0]
-    membership = np.zeros((head_dim, len(rotating) + 1))
-    for part, c in enumerate(rotating):
-        membership[[c, c + half], part] = 1.0
-    membership[:, -1] = 1.0 - membership[:, :-1].sum(1)
-    labels = [("1" if inv_freq[c] == 1 else f"1/{1 / inv_freq[c]:.0f}") for c in rotating] + [STATIC]
-    return labels, membership
+SHRUNK_VARIANCE = (0.9, 0.8)  # --drop all's other control: S times √share, its spread's variance times share
 
 
-def static_pairs(membership: np.ndarray) -> list[tuple[str, list[int]]]:
-    """(label, channels) of the channels that do not turn, two at a time (the i-th with the i-th of their second
-    half: the partners the rotation would give them). Dropped like a turning pair, one carries no position: the
-    control for what dropping any pair does."""
-    channels = [int(c) for c in np.flatnonzero(membership[:, -1])]
-    half = len(channels) // 2
-    return [(f"{STATIC}: channels {channels[i]}, {channels[i + half]}", [channels[i], channels[i + half]])
-            for i in range(half)]
-
-
-class PairRecorder:
-    """Per layer, head, part and distance octave (0: t = 0; k ≥ 1: t ∈ [2^(k−1), 2^k)): the summed part of the raw
-    logits over the visible keys of the recorded queries, and the number of those keys. The keys of an octave are
-    a contiguous range of positions, so their sum comes from prefix sums of k: no [queries, keys] matrix is formed."""
-
-    def __init__(self, layers: int, heads: int, membership: np.ndarray, octaves: int, rows: slice):
-        self.total = np.zeros((layers, heads, membership.shape[1], octaves))
-        self.count = np.zeros((layers, octaves))
-        self.membership, self.rows, self.layer = membership, rows, 0
-
-    def record(self, query, key, scaling: float) -> None:
-        """One causal layer's query [b, h, T, d_h] and key [b, h_kv, T, d_h], as the attention call gets them."""
-        for window in range(query.shape[0]):
-            self._record(query[window], key[window], scaling)
-        self.layer += 1
-
-    def _record(self, query, key, scaling: float) -> None:
-        import torch
-
-        q = query[:, self.rows].double()  # [h, r, d]
-        k = key.double().repeat_interleave(query.shape[0] // key.shape[0], dim=0)  # [h, T, d]
-        prefix = torch.cat([torch.zeros_like(k[:, :1]), k.cumsum(1)], dim=1)  # prefix[:, n] = Σ_{j<n} k_j
-        position = torch.arange(self.rows.start, self.rows.stop, device=q.device)
-        membership = torch.as_tensor(self.membership, device=q.device)
-        layer = self.layer % self.total.shape[0]
-        for octave in range(self.total.shape[-1]):
-            near, far = (0, 0) if octave == 0 else (2 ** (octave - 1), 2 ** octave - 1)  # t ∈ [near, far]
-            first, last = (position - far).clamp(min=0), position - near  # keys j ∈ [first, last], none if last < 0
-            stop = (last + 1).clamp(min=0)
-            keys = prefix[:, stop] - prefix[:, first.clamp(max=stop)]  # [h, r, d]: Σ of the octave's keys
-            self.total[layer, :, :, octave] += ((q * keys).sum(1) * scaling @ membership).cpu().numpy()
-            self.count[layer, octave] += float((stop - first).clamp(min=0).sum())
-
-    def mean(self) -> np.ndarray:
-        """Mean part of S per layer, head, part and octave."""
-        with np.errstate(invalid="ignore"):
-            return self.total / self.count[:, None, None, :]
-
-
-@contextlib.contextmanager
-def attention_calls(wrap):
-    """Route the decoder's attention calls through `wrap(attend)`: the one place where q and k are seen after the
-    rotation and LogN's query scale (the test suite's oracle for bench/length_attention.py taps the same call)."""
-    import modeling_angpt.decoder_angpt as decoder
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    original = decoder.get_attention_function
-
-    def wrapped(config):
-        attend = original(config) or ALL_ATTENTION_FUNCTIONS.get_interface(config._attn_implementation,
-                                                                           decoder.eager_attention_forward)
-        return wrap(attend)
-
-    decoder.get_attention_function = wrapped
-    try:
-        yield
-    finally:
-        decoder.get_attention_function = original
-
-
-def recording(recorders: dict):
-    """A wrap for attention_calls: hands each call's q and k to the recorder for its window length."""
-    def wrap(attend):
-        def run(module, query, key, value, attention_mask, scaling, **kwargs):
-            recorder = recorders.get(query.shape[-2])
-            if recorder is not None:
-                recorder.record(query, key, scaling)
-            return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        return run
-    return wrap
-
-
-def dropping(channels: list[int]):
-    """A wrap for attention_calls: the query's `channels` set to zero, so their pair adds nothing to S."""
-    def wrap(attend):
-        def run(module, query, key, value, attention_mask, scaling, **kwargs):
-            query = query.clone()
-            query[..., channels] = 0
-            return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
-        return run
-    return wrap
+def shrunk_label(share: float) -> str:
+    return f"q × {math.sqrt(share):.3f} (S's variance × {share})"
 
 
 def losses(model, blocks: np.ndarray, cfg: dict) -> dict:
@@ -164,8 +63,8 @@ def losses(model, blocks: np.ndarray, cfg: dict) -> dict:
 
 
 def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
-    """One model's parts of S by octave ("long", "short") and its losses intact and with each pair of --drop dropped,
-    kept beside the checkpoint (rotary_pairs.json) as each is done, so that a stopped run goes on where it was and a
+    """One model's parts of S by octave ("long", "short"), their spread ("spread"), and its losses intact and with
+    each pair of --drop dropped (and, with --drop all, the controls), kept beside the checkpoint (rotary_pairs.json) as each is done, so that a stopped run goes on where it was and a
     finished one is only read."""
     from transformers import AutoConfig
 
@@ -176,18 +75,23 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
     if found.get("setting") != setting:  # made with other windows or text: measured again
         found = {"setting": setting, "dropped": {}}
     labels, membership = components(AutoConfig.from_pretrained(checkpoint))
-    drops = [(label, [int(c) for c in np.flatnonzero(membership[:, part])]) for part, label in enumerate(labels[:-1])]
-    drops += static_pairs(membership) if cfg["drop"] == "all" else []
-    if "intact" not in found or any(label not in found["dropped"] for label, _ in drops):
+    drops = [(label, dropping([int(c) for c in np.flatnonzero(membership[:, part])]))
+             for part, label in enumerate(labels[:-1])]
+    if cfg["drop"] == "all":
+        drops += [(label, dropping(channels)) for label, channels in static_pairs(membership)]
+        drops += [(shrunk_label(share), scaling(math.sqrt(share))) for share in SHRUNK_VARIANCE]
+    if "spread" not in found or any(label not in found["dropped"] for label, _ in drops):
         measure(cfg, f"{variant}, seed {seed}", checkpoint, (labels, membership), drops, found, path)
-    return {**found, "long": np.asarray(found["long"]), "short": np.asarray(found["short"]),
+    arrays = ("long", "short")
+    return {**found, **{w: np.asarray(found[w]) for w in arrays},
+            "spread": {w: {k: np.asarray(v) for k, v in found["spread"][w].items()} for w in arrays},
             "dropped": {label: found["dropped"][label] for label, _ in drops}}  # this run's, in order
 
 
 def measure(cfg: dict, name: str, checkpoint: pathlib.Path, parts: tuple, drops: list, found: dict,
             path: pathlib.Path) -> None:
-    """Fill `found` with what it lacks (the intact model's `parts` of S and losses, the losses with each of `drops`
-    dropped), writing it to `path` after each."""
+    """Fill `found` with what it lacks (the intact model's `parts` of S, their spread and its losses; the losses
+    with each of `drops`, (label, wrap of the attention call), applied), writing it to `path` after each."""
     from modeling_angpt.evaluation.length import contiguous_blocks
 
     model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
@@ -195,24 +99,26 @@ def measure(cfg: dict, name: str, checkpoint: pathlib.Path, parts: tuple, drops:
     blocks, _ = contiguous_blocks(pathlib.Path(cfg["eval_file"]), tokenizer, length)
     if len(blocks) < multiple:
         raise SystemExit(f"--eval-corpus {cfg['eval_file']}: fewer than {multiple} blocks of {length} tokens")
-    if "intact" not in found:
+    if "spread" not in found:  # the intact model: its parts of S (and their spread), and its losses
         labels, membership = parts
         layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-        recorders = {multiple * length: PairRecorder(layers, heads, membership, octave_count(multiple * length),
-                                                     slice(multiple * length // 2, multiple * length)),
-                     length: PairRecorder(layers, heads, membership, octave_count(length), slice(length // 2, length))}
+        unit_labels, units = spread_units(labels, membership)
+        recorders = {m * length: PairRecorder(layers, heads, membership, octave_count(m * length),
+                                              slice(m * length // 2, m * length), units) for m in (1, multiple)}
         with attention_calls(recording(recorders)):
             found["intact"] = losses(model, blocks, cfg)
-        found.update(labels=labels, long=recorders[multiple * length].mean().tolist(),
-                     short=recorders[length].mean().tolist())
+        found.update(labels=labels, spread_labels=unit_labels,
+                     **{w: recorders[m * length].mean().tolist() for w, m in (("long", multiple), ("short", 1))},
+                     spread={w: {k: v.tolist() for k, v in recorders[m * length].spread().items()}
+                             for w, m in (("long", multiple), ("short", 1))})
         path.write_text(json.dumps(found))
         print(f"{name}: intact {found['intact']}", file=sys.stderr, flush=True)
-    for label, channels in drops:
+    for label, wrap in drops:
         if label not in found["dropped"]:
-            with attention_calls(dropping(channels)):
+            with attention_calls(wrap):
                 found["dropped"][label] = losses(model, blocks, cfg)
             path.write_text(json.dumps(found))
-            print(f"{name}: pair {label} dropped {found['dropped'][label]}", file=sys.stderr, flush=True)
+            print(f"{name}: {label} {found['dropped'][label]}", file=sys.stderr, flush=True)
 
 
 def parts_table(analyses: dict, cfg: dict) -> list[str]:
@@ -236,23 +142,65 @@ def parts_table(analyses: dict, cfg: dict) -> list[str]:
     return lines
 
 
+def spread_table(analyses: dict, cfg: dict) -> list[str]:
+    """Per model and part: the variance of its part of S over the keys of a distance bin (each query's own, mean over
+    queries, layers and heads); the row "between parts" is what S's variance has beyond the parts' own."""
+    spans = logit_spans(cfg)
+    lines = ["The spread of each part: its variance over the keys at that distance, each query's own (what the "
+             "softmax of one query sees), averaged over queries, layers and heads, for the same queries. 'between "
+             "parts' is S's variance minus the parts' own (twice their covariances).", "",
+             "| model | part | " + " | ".join(label for _, label, _ in spans) + " |", "|---|---|" + "---|" * len(spans)]
+    for variant, runs in analyses.items():
+        for seed, run in zip(lm.seed_ids(cfg), runs):
+            units = run["spread_labels"]
+            shown = [units.index(label) for label in run["labels"]] + [units.index("S")]
+            for row, label in [*((u, units[u]) for u in shown), (None, "between parts")]:
+                cells = []
+                for windows, _, octave in spans:
+                    variance = run["spread"][windows]["variance"][..., octave].mean(axis=(0, 1))  # [units]
+                    value = variance[row] if row is not None else variance[shown[-1]] - variance[shown[:-1]].sum()
+                    cells.append(f"{value:.3f}")
+                lines.append(f"| {variant}, seed {seed} | {label} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def variance_without(run: dict, label: str, windows: str, octave: int) -> float:
+    """S's variance over an octave's keys (mean over queries, layers and heads) once the row's change is made: a
+    dropped part takes its variance and twice its covariance with the rest, a scaled query multiplies it."""
+    spread, units = run["spread"][windows], run["spread_labels"]
+    s = spread["variance"][..., units.index("S"), octave]
+    if label == "none":
+        return float(s.mean())
+    if label.startswith("q × "):
+        return float(s.mean()) * next(share for share in SHRUNK_VARIANCE if shrunk_label(share) == label)
+    unit = units.index(label)
+    return float((s - 2 * spread["covariance"][..., unit, octave] + spread["variance"][..., unit, octave]).mean())
+
+
 def ablation_table(analyses: dict, cfg: dict) -> list[str]:
-    """Per model: the 1× loss and the excess by position bin, intact and with each pair of --drop dropped."""
+    """Per model: the 1× loss and the excess by position bin, intact and with each pair of --drop dropped, beside
+    S's variance with the change made, within L (1×) and at the long windows' farthest bin."""
     m = cfg["multiples"][-1]
     labels = position_bin_labels(m)[1:]  # the excess starts at L
-    control = (f"; then, as a control, each pair of the channels that do not turn ('{STATIC}: channels a, b'), "
-               "dropped the same way") if cfg["drop"] == "all" else ""
+    (short, _, near), *_, (long, far_label, far) = logit_spans(cfg)
+    control = (f"; then, as controls, each pair of the channels that do not turn ('{STATIC}: channels a, b'), "
+               "dropped the same way, and every query scaled so that S's variance falls by 10 % and 20 %"
+               ) if cfg["drop"] == "all" else ""
     lines = ["Each rotating pair dropped in turn (its query channels zeroed after the rotation in every layer and "
              f"head){control}: the loss on the 1× windows, and the loss excess of the {m}L windows over them by "
              "position (the length evaluation's windows and text; the first row of each model is the intact "
-             "model).", "",
-             "| model | dropped pair | loss, 1× | " + " | ".join(f"excess, {label}" for label in labels) + " |",
-             "|---|---|---|" + "---|" * len(labels)]
+             "model); and S's variance with the change made, as in the table above, for the 1× windows at "
+             f"[L/2, L) and at {far_label}.", "",
+             "| model | dropped pair, or control | loss, 1× | " + " | ".join(f"excess, {label}" for label in labels)
+             + f" | var S, 1×, [L/2, L) | var S, {far_label} |",
+             "|---|---|---|" + "---|" * (len(labels) + 2)]
     for variant, runs in analyses.items():
         for seed, run in zip(lm.seed_ids(cfg), runs):
             for name, found in [("none", run["intact"]), *run["dropped"].items()]:
                 excess = " | ".join("–" if math.isnan(v) else f"{v:+.3f}" for v in found["excess"])
-                lines.append(f"| {variant}, seed {seed} | {name} | {found['single']:.3f} | {excess} |")
+                variances = " | ".join(f"{variance_without(run, name, w, o):.3f}" for w, o in ((short, near),
+                                                                                              (long, far)))
+                lines.append(f"| {variant}, seed {seed} | {name} | {found['single']:.3f} | {excess} | {variances} |")
     return lines
 
 
@@ -293,7 +241,8 @@ def plot(analyses: dict, cfg: dict, path: pathlib.Path) -> None:
 
 def section(analyses: dict, cfg: dict, command: str, png_link: str) -> str:
     return "\n".join([*section_head(cfg, "which rotary pairs make the distance penalty", command, "on"),
-                      *parts_table(analyses, cfg), "", *ablation_table(analyses, cfg), "",
+                      *parts_table(analyses, cfg), "", *spread_table(analyses, cfg), "",
+                      *ablation_table(analyses, cfg), "",
                       f"![each rotary pair's part of the raw logit by distance]({png_link})"])
 
 
@@ -303,7 +252,7 @@ def main(argv=None):
     parser.add_argument("--section", default="length_rotary_pairs", help="the RESULTS.md section to write")
     parser.add_argument("--drop", choices=("turning", "all"), default="turning",
                         help="the pairs dropped one at a time: the turning ones, or all (the channels that do not "
-                             "turn too, two at a time, as a control)")
+                             "turn too, two at a time, and the query scaled down, as controls)")
     cfg = resolve(parser, argv)
     without = [v for v in cfg["variants"] if lm.VARIANTS[v]["rope_parameters"]["rope_type"] == "none"]
     if without:
