@@ -45,6 +45,7 @@ from length_generalisation import binned, position_bin_labels
 from rotary_pairs_probe import (STATIC, PairRecorder, attention_calls, components, dropping, recording,
                                 scaling, spread_units, static_pairs)
 
+SPREAD_QUERIES = 256  # queries per window whose spread is measured (evenly spaced over the recorded ones)
 SHRUNK_VARIANCE = (0.9, 0.8)  # --drop all's other control: S times √share, its spread's variance times share
 
 
@@ -104,7 +105,8 @@ def measure(cfg: dict, name: str, checkpoint: pathlib.Path, parts: tuple, drops:
         layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
         unit_labels, units = spread_units(labels, membership)
         recorders = {m * length: PairRecorder(layers, heads, membership, octave_count(m * length),
-                                              slice(m * length // 2, m * length), units) for m in (1, multiple)}
+                                              slice(m * length // 2, m * length), units,
+                                              stride=max(1, m * length // 2 // SPREAD_QUERIES)) for m in (1, multiple)}
         with attention_calls(recording(recorders)):
             found["intact"] = losses(model, blocks, cfg)
         found.update(labels=labels, spread_labels=unit_labels,

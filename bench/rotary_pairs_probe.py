@@ -56,16 +56,16 @@ class PairRecorder:
     """Per layer, head, part and distance octave (0: t = 0; k ≥ 1: t ∈ [2^(k−1), 2^k)): the summed part of the raw
     logits over the visible keys of the recorded queries, and the number of those keys; and, for each of `units`
     (lists of channels), its part's variance over the keys of the octave and its covariance there with S, each
-    query's own, summed over the queries. The keys of an octave are a contiguous range of positions, so their sums
-    come from prefix sums of k and of k⊗k: no [queries, keys] matrix is formed."""
+    query's own, summed over every `stride`-th query. The keys of an octave are a contiguous range of positions, so
+    their sums come from prefix sums of k and of k⊗k: no [queries, keys] matrix is formed."""
 
     def __init__(self, layers: int, heads: int, membership: np.ndarray, octaves: int, rows: slice,
-                 units: list[list[int]] = ()):
+                 units: list[list[int]] = (), stride: int = 1):
         self.total = np.zeros((layers, heads, membership.shape[1], octaves))
         self.count = np.zeros((layers, octaves))
         self.variance, self.covariance = (np.zeros((layers, heads, len(units), octaves)) for _ in range(2))
-        self.queries = np.zeros((layers, octaves))  # queries with at least one key in the octave
-        self.membership, self.units, self.rows, self.layer = membership, units, rows, 0
+        self.queries = np.zeros((layers, octaves))  # spread's queries with at least one key in the octave
+        self.membership, self.units, self.rows, self.stride, self.layer = membership, units, rows, stride, 0
 
     def record(self, query, key, scaling: float) -> None:
         """One causal layer's query [b, h, T, d_h] and key [b, h_kv, T, d_h], as the attention call gets them."""
@@ -85,6 +85,10 @@ class PairRecorder:
         outer = prefix_sums(k[..., :, None] * k[..., None, :]) if self.units else None  # [h, T + 1, d, d]
         position = torch.arange(self.rows.start, self.rows.stop, device=q.device)
         membership = torch.as_tensor(self.membership, device=q.device)
+        units = torch.zeros(q.shape[-1], len(self.units), dtype=q.dtype, device=q.device)  # [d, units]
+        for unit, channels in enumerate(self.units):
+            units[channels, unit] = 1.0
+        blocks = (units[:, None] * units[None]).flatten(0, 1)  # [d·d, units]: which products c·e a unit's square has
         layer = self.layer % self.total.shape[0]
         for octave in range(self.total.shape[-1]):
             near, far = (0, 0) if octave == 0 else (2 ** (octave - 1), 2 ** octave - 1)  # t ∈ [near, far]
@@ -95,19 +99,21 @@ class PairRecorder:
             self.total[layer, :, :, octave] += ((q * keys).sum(1) @ membership).cpu().numpy()
             number = (stop - first).double()
             self.count[layer, octave] += float(number.sum())
-            self.queries[layer, octave] += float((number > 0).sum())
             if outer is None:
                 continue
-            number = number.clamp(min=1)  # a query without keys there has all its sums 0
+            # over a query's keys, for every unit at once: E[part²] − E[part]² and E[part·S] − E[part]·E[S], for
+            # every stride-th query (the d×d sums are what costs; a few hundred queries per window fix the means)
+            sub = slice(None, None, self.stride)
+            first, stop, number, qs, keys = first[sub], stop[sub], number[sub], q[:, sub], keys[:, sub]
+            self.queries[layer, octave] += float((number > 0).sum())
+            number = number.clamp(min=1)[:, None]  # a query without keys there has all its sums 0
             squares = outer[:, stop] - outer[:, first]  # [h, r, d, d]: Σ k⊗k over the octave's keys
-            mean_s = (q * keys).sum(-1) / number
-            for unit, channels in enumerate(self.units):  # over a query's keys: E[part·x] − E[part]·E[x]
-                qc = q[..., channels]
-                mean = (qc * keys[..., channels]).sum(-1) / number
-                with_s = torch.einsum("hrd,hrdc,hrc->hr", q, squares[..., channels], qc) / number
-                alone = torch.einsum("hrc,hrce,hre->hr", qc, squares[..., channels, :][..., channels], qc) / number
-                self.variance[layer, :, unit, octave] += (alone - mean.square()).sum(-1).cpu().numpy()
-                self.covariance[layer, :, unit, octave] += (with_s - mean * mean_s).sum(-1).cpu().numpy()
+            mean = (qs * keys) @ units / number  # [h, r, units]
+            mean_s = (qs * keys).sum(-1, keepdim=True) / number
+            with_s = ((qs[..., None, :] @ squares).squeeze(-2) * qs) @ units / number
+            alone = (qs[..., :, None] * squares * qs[..., None, :]).flatten(-2) @ blocks / number
+            self.variance[layer, :, :, octave] += (alone - mean.square()).sum(1).cpu().numpy()
+            self.covariance[layer, :, :, octave] += (with_s - mean * mean_s).sum(1).cpu().numpy()
 
     def mean(self) -> np.ndarray:
         """Mean part of S per layer, head, part and octave."""
