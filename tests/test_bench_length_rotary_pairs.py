@@ -1,7 +1,9 @@
-"""bench/length_rotary_pairs.py: its parts of the raw logit are the rotary pairs (checked by brute force against q
-and k taken from the attention call, and by the relative-position property: shifting every position leaves each
-pair's products unchanged), dropping a pair is zeroing its query channels (checked against the model with those
-channels' QK-norm gain at zero), and the script runs end to end, its intact row reproducing the benchmark's loss."""
+"""bench/length_rotary_pairs.py: its parts of the raw logit are the rotary pairs, and their spread is each query's
+variance over its keys (both checked by brute force against q and k taken from the attention call, and by the
+relative-position property: shifting every position leaves each pair's products unchanged); S's variance after a
+drop, computed from the intact model, is the changed model's; dropping a pair is zeroing its query channels
+(checked against the model with those channels' QK-norm gain at zero); and the script runs end to end, its intact
+row reproducing the benchmark's loss."""
 from __future__ import annotations
 
 import contextlib
