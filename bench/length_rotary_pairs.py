@@ -65,8 +65,8 @@ def losses(model, blocks: np.ndarray, cfg: dict) -> dict:
 
 def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
     """One model's parts of S by octave ("long", "short"), their spread ("spread"), and its losses intact and with
-    each pair of --drop dropped (and, with --drop all, the controls), kept beside the checkpoint (rotary_pairs.json) as each is done, so that a stopped run goes on where it was and a
-    finished one is only read."""
+    each pair of --drop dropped (and, with --drop all, the controls), kept beside the checkpoint (rotary_pairs.json)
+    as each is done, so that a stopped run goes on where it was and a finished one is only read."""
     from transformers import AutoConfig
 
     checkpoint = lm.train_variant(cfg, variant, seed)
@@ -149,8 +149,9 @@ def spread_table(analyses: dict, cfg: dict) -> list[str]:
     queries, layers and heads); the row "between parts" is what S's variance has beyond the parts' own."""
     spans = logit_spans(cfg)
     lines = ["The spread of each part: its variance over the keys at that distance, each query's own (what the "
-             "softmax of one query sees), averaged over queries, layers and heads, for the same queries. 'between "
-             "parts' is S's variance minus the parts' own (twice their covariances).", "",
+             f"softmax of one query sees), averaged over queries, layers and heads, for up to {SPREAD_QUERIES} evenly "
+             "spaced queries of each window among the same queries. 'between parts' is S's variance minus the "
+             "parts' own (twice their covariances).", "",
              "| model | part | " + " | ".join(label for _, label, _ in spans) + " |", "|---|---|" + "---|" * len(spans)]
     for variant, runs in analyses.items():
         for seed, run in zip(lm.seed_ids(cfg), runs):
