@@ -93,8 +93,7 @@ class PairRecorder:
         for octave in range(self.total.shape[-1]):
             near, far = (0, 0) if octave == 0 else (2 ** (octave - 1), 2 ** octave - 1)  # t ∈ [near, far]
             first, last = (position - far).clamp(min=0), position - near  # keys j ∈ [first, last], none if last < 0
-            stop = (last + 1).clamp(min=0)
-            first = first.clamp(max=stop)
+            stop = (last + 1).clamp(min=0)  # ≥ first, as far ≥ near
             keys = prefix[:, stop] - prefix[:, first]  # [h, r, d]: Σ of the octave's keys
             self.total[layer, :, :, octave] += ((q * keys).sum(1) @ membership).cpu().numpy()
             number = (stop - first).double()
@@ -102,7 +101,8 @@ class PairRecorder:
             if outer is None:
                 continue
             # over a query's keys, for every unit at once: E[part²] − E[part]² and E[part·S] − E[part]·E[S], for
-            # every stride-th query (the d×d sums are what costs; a few hundred queries per window fix the means)
+            # every stride-th query (the d×d sums are what costs; a few hundred queries per window are enough for
+            # averages over queries, layers and heads)
             sub = slice(None, None, self.stride)
             first, stop, number, qs, keys = first[sub], stop[sub], number[sub], q[:, sub], keys[:, sub]
             self.queries[layer, octave] += float((number > 0).sum())
