@@ -34,8 +34,8 @@ from .rotary_angpt import AnGPTRotaryEmbedding
 # `cache=`; 5.23 passes `past_key_values=`). Both names are accepted in, and outputs carry whichever field this
 # transformers has, so one checkpoint's code runs under either.
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-_MASK_CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(create_masks_for_generate).parameters
-                        else "past_key_values")
+_MASK_CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(create_causal_mask).parameters  # the mask helpers'
+                        else "past_key_values")  # name (5.24 deprecates the old one, to be removed in 5.40)
 
 
 def cache_argument(past_key_values, kwargs: dict):
@@ -279,7 +279,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
         mask = None
         if not uses_layout(self.config):
             mask_args = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                             past_key_values=past_key_values)
+                             **{_MASK_CACHE_ARGUMENT: past_key_values})
             if self.config.is_causal:
                 mask = create_causal_mask(position_ids=position_ids, **mask_args)
             else:
