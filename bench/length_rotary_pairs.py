@@ -53,6 +53,9 @@ def shrunk_label(share: float) -> str:
     return f"q × {math.sqrt(share):.3f} (S's variance × {share})"
 
 
+SHRUNK = {shrunk_label(share): share for share in SHRUNK_VARIANCE}  # the control's rows, by label
+
+
 def losses(model, blocks: np.ndarray, cfg: dict) -> dict:
     """The length evaluation of the library on `blocks` (multiples 1 and M): the 1× loss, and the mean excess of
     the M·L windows over the 1× windows per bin of positions [L, 2L), [2L, 4L), ..."""
@@ -76,13 +79,13 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
     if found.get("setting") != setting:  # made with other windows or text: measured again
         found = {"setting": setting, "dropped": {}}
     labels, membership = components(AutoConfig.from_pretrained(checkpoint))
-    drops = [(label, dropping([int(c) for c in np.flatnonzero(membership[:, part])]))
-             for part, label in enumerate(labels[:-1])]
+    units = spread_units(labels, membership)  # the turning pairs first, then the static pairs --drop all drops
+    droppable = len(labels) - 1 + (len(static_pairs(membership)) if cfg["drop"] == "all" else 0)
+    drops = [(label, dropping(channels)) for label, channels in list(zip(*units))[:droppable]]
     if cfg["drop"] == "all":
-        drops += [(label, dropping(channels)) for label, channels in static_pairs(membership)]
-        drops += [(shrunk_label(share), scaling(math.sqrt(share))) for share in SHRUNK_VARIANCE]
+        drops += [(label, scaling(math.sqrt(share))) for label, share in SHRUNK.items()]
     if "spread" not in found or any(label not in found["dropped"] for label, _ in drops):
-        measure(cfg, f"{variant}, seed {seed}", checkpoint, (labels, membership), drops, found, path)
+        measure(cfg, f"{variant}, seed {seed}", checkpoint, (labels, membership, *units), drops, found, path)
     arrays = ("long", "short")
     return {**found, **{w: np.asarray(found[w]) for w in arrays},
             "spread": {w: {k: np.asarray(v) for k, v in found["spread"][w].items()} for w in arrays},
@@ -91,8 +94,9 @@ def analyse_variant(cfg: dict, variant: str, seed: int) -> dict:
 
 def measure(cfg: dict, name: str, checkpoint: pathlib.Path, parts: tuple, drops: list, found: dict,
             path: pathlib.Path) -> None:
-    """Fill `found` with what it lacks (the intact model's `parts` of S, their spread and its losses; the losses
-    with each of `drops`, (label, wrap of the attention call), applied), writing it to `path` after each."""
+    """Fill `found` with what it lacks: the intact model's parts of S and their spread (`parts`: labels, membership,
+    unit labels, unit channels) and its losses; the losses with each of `drops` (label, wrap of the attention call)
+    applied. Writes it to `path` after each."""
     from modeling_angpt.evaluation.length import contiguous_blocks
 
     model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
@@ -101,18 +105,16 @@ def measure(cfg: dict, name: str, checkpoint: pathlib.Path, parts: tuple, drops:
     if len(blocks) < multiple:
         raise SystemExit(f"--eval-corpus {cfg['eval_file']}: fewer than {multiple} blocks of {length} tokens")
     if "spread" not in found:  # the intact model: its parts of S (and their spread), and its losses
-        labels, membership = parts
+        labels, membership, unit_labels, units = parts
         layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
-        unit_labels, units = spread_units(labels, membership)
-        recorders = {m * length: PairRecorder(layers, heads, membership, octave_count(m * length),
-                                              slice(m * length // 2, m * length), units,
-                                              stride=max(1, m * length // 2 // SPREAD_QUERIES)) for m in (1, multiple)}
-        with attention_calls(recording(recorders)):
+        windows = {"long": multiple, "short": 1}  # the recorded windows, by their length in L
+        recorders = {w: PairRecorder(layers, heads, membership, octave_count(m * length),
+                                     slice(m * length // 2, m * length), units,
+                                     stride=max(1, m * length // 2 // SPREAD_QUERIES)) for w, m in windows.items()}
+        with attention_calls(recording({windows[w] * length: r for w, r in recorders.items()})):
             found["intact"] = losses(model, blocks, cfg)
-        found.update(labels=labels, spread_labels=unit_labels,
-                     **{w: recorders[m * length].mean().tolist() for w, m in (("long", multiple), ("short", 1))},
-                     spread={w: {k: v.tolist() for k, v in recorders[m * length].spread().items()}
-                             for w, m in (("long", multiple), ("short", 1))})
+        found.update(labels=labels, spread_labels=unit_labels, **{w: r.mean().tolist() for w, r in recorders.items()},
+                     spread={w: {k: v.tolist() for k, v in r.spread().items()} for w, r in recorders.items()})
         path.write_text(json.dumps(found))
         print(f"{name}: intact {found['intact']}", file=sys.stderr, flush=True)
     for label, wrap in drops:
@@ -174,8 +176,8 @@ def variance_without(run: dict, label: str, windows: str, octave: int) -> float:
     s = spread["variance"][..., units.index("S"), octave]
     if label == "none":
         return float(s.mean())
-    if label.startswith("q × "):
-        return float(s.mean()) * next(share for share in SHRUNK_VARIANCE if shrunk_label(share) == label)
+    if label in SHRUNK:
+        return float(s.mean()) * SHRUNK[label]
     unit = units.index(label)
     return float((s - 2 * spread["covariance"][..., unit, octave] + spread["variance"][..., unit, octave]).mean())
 
