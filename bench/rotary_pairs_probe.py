@@ -179,3 +179,57 @@ def scaling(factor: float):
             return attend(module, query * factor, key, value, attention_mask, scaling=scaling, **kwargs)
         return run
     return wrap
+
+
+def shuffled_past(part, past, generator):
+    """`part` [b, h, c, T] with each query's keys in `past` (a prefix of its row, keys in position order) given the
+    part of another past key of the same query, a random permutation per query: the same values for that query's
+    past keys, so the same mean and spread, but no longer on the keys that earned them."""
+    import torch
+
+    if not torch.equal(past, past.int().cummin(-1).values.bool()):
+        raise ValueError("shuffled_past: the past keys of a query must come first (positions in order)")
+    noise = torch.rand(past.shape, generator=generator).to(part.device)
+    order = torch.where(past, noise, 2.0).argsort(-1)  # a query's past keys first, in random order
+    return part.gather(-1, order.expand_as(part))
+
+
+def editing_past(length: int, channels: list[int], factor: float = 0.0, shuffle: bool = False, seed: int = 0):
+    """A wrap for attention_calls that changes the raw logit S only on keys at distance t ≥ `length` (keys within L
+    keep theirs, and windows of at most L tokens are untouched): the part of S from `channels` times `factor`
+    (0: that pair dropped past L; every channel and √share: the scaled query past L), or, with `shuffle`, each
+    query's part moved to another of its keys past L (shuffled_past). It edits the scores the eager path hands to
+    the logit transform, so the model must run on the eager or chunked path (as the length evaluation does)."""
+    import torch
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    import modeling_angpt.attention_angpt as attention
+    from modeling_angpt.masks_angpt import every_row
+
+    generator = torch.Generator().manual_seed(seed)
+
+    def wrap(attend):
+        def run(module, query, key, value, attention_mask, scaling, **kwargs):
+            if query.shape[-2] <= length:  # no key as far as L
+                return attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            keys = repeat_kv(key, query.shape[1] // key.shape[1])[..., channels]
+            transform, seen = attention._transformed_scores, []
+
+            def edited(config, scores, layout, rows):
+                seen.append(rows)
+                rows_ = every_row(rows)
+                part = query[:, :, rows_][..., channels] @ keys.transpose(-1, -2) * scaling
+                past = (layout.query_positions[:, None, rows_, None] - layout.key_positions[:, None, None, :]) >= length
+                new = shuffled_past(part, past, generator) if shuffle else part * factor
+                return transform(config, scores + (new - part) * past, layout, rows)
+
+            attention._transformed_scores = edited
+            try:
+                output = attend(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            finally:
+                attention._transformed_scores = transform
+            if not seen:  # another backend: S was never edited
+                raise RuntimeError("editing_past: the attention call did not take the eager or chunked path")
+            return output
+        return run
+    return wrap
