@@ -120,38 +120,42 @@ def past_table(analyses: dict, cfg: dict) -> list[str]:
 
 
 def plot(analyses: dict, cfg: dict, path) -> None:
-    """Per unit (mean over the models of each variant): the change in the excess at the farthest bin, dropped on
-    every key, dropped past L and shuffled past L, against the change in S's variance there."""
+    """One panel per variant, a point per model and pair: the change in the loss excess at the farthest bin against
+    the change in S's variance there, for the pair dropped on every key, dropped past L and shuffled past L; and
+    the scale control (every part of S × √0.8, on every key and past L) as the line a loss of spread alone gives."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     long, far_label, octave = logit_spans(cfg)[-1]
+    whole_scaled = next(label for label, share in SHRUNK.items() if share == SHARE)
     figure, axes = plt.subplots(1, len(analyses), figsize=(7 * len(analyses), 5), squeeze=False)
     for axis, (variant, runs) in zip(axes.flat, analyses.items()):
-        for how, marker in (("dropped", "o"), (PAST, "s"), (SHUFFLED, "^")):
-            for turning, colour in ((True, "tab:blue"), (False, "tab:grey")):
-                xs, ys = [], []
-                for run in runs:
-                    base, intact = variance_without(run, "none", long, octave), run["intact"]["excess"][-1]
-                    for label, edits in run["past"].items():
-                        if label == SCALED or label.startswith(STATIC) == turning:
-                            continue
-                        found = run["dropped"][label] if how == "dropped" else edits[how]
-                        shuffled = how == SHUFFLED
-                        xs.append((shuffled_variance if shuffled else variance_without)(run, label, long, octave)
-                                  - base)
-                        ys.append(found["excess"][-1] - intact)
-                axis.scatter(xs, ys, marker=marker, color=colour, alpha=0.7,
-                             label=f"{'turning' if turning else 'not turning'}, {how}")
+        points = {}  # (kind, edit) -> [(Δ variance, Δ excess)]
+        for run in runs:
+            base, intact = variance_without(run, "none", long, octave), run["intact"]["excess"][-1]
+            for label, edits in run["past"].items():
+                kind = "scale control" if label == SCALED else STATIC if label.startswith(STATIC) else "turning"
+                for how, found in (("dropped", run["dropped"][whole_scaled if label == SCALED else label]),
+                                   *edits.items()):
+                    variance = (shuffled_variance(run, label, long, octave) if how == SHUFFLED else
+                                variance_without(run, whole_scaled if label == SCALED else label, long, octave))
+                    points.setdefault((kind, how), []).append((variance - base, found["excess"][-1] - intact))
+        markers, colours = {"dropped": "o", PAST: "s", SHUFFLED: "^"}, {"turning": "tab:blue", STATIC: "tab:grey",
+                                                                       "scale control": "black"}
+        for (kind, how), found in points.items():
+            xs, ys = zip(*found)
+            axis.scatter(xs, ys, marker=markers[how], color=colours[kind], alpha=0.7,
+                         label=f"{kind}, {'every key' if kind == 'scale control' and how == 'dropped' else how}")
         axis.axhline(0.0, color="grey", linewidth=1)
         axis.axvline(0.0, color="grey", linewidth=1)
         axis.set(title=variant, xlabel=f"change in S's variance over a query's keys, {far_label}",
                  ylabel=f"change in the loss excess, {far_label}")
         axis.grid(alpha=0.3)
         axis.legend(fontsize=7)
-    figure.suptitle(f"each rotary pair dropped, dropped past L, shuffled past L; L = {cfg['length']}", fontsize=10)
+    figure.suptitle(f"each pair dropped (o), dropped past L (s), shuffled past L (^); L = {cfg['length']}",
+                    fontsize=10)
     rf.save_figure(figure, path)
 
 
