@@ -31,16 +31,44 @@ import math
 import pathlib
 import sys
 
+import numpy as np
+
 import length_models as lm
 import results_file as rf
 from length_attention import logit_spans, publish, resolve, section_head
 from length_generalisation import position_bin_labels
-from length_rotary_pairs import SHRUNK, analyse_variant, losses, variance_without
+from length_rotary_pairs import analyse_variant, losses, shrunk_label, variance_without
 from rotary_pairs_probe import STATIC, attention_calls, components, editing_past, spread_units, static_pairs
 
-SHARE = 0.8  # the scale control past L: S's variance there × SHARE (the query-scaled row of SHRUNK on every key)
+SHARE = 0.8  # the scale control past L: S's variance there × SHARE
 SCALED = f"every part × {math.sqrt(SHARE):.3f}"
+WHOLE_SCALED = shrunk_label(SHARE)  # the same scaling on every key: its row in length_rotary_pairs' --drop all
 PAST, SHUFFLED = "past L", "past L shuffled"  # a unit's edits: dropped (or, for SCALED, scaled) past L; shuffled
+EDITS = ("dropped", PAST, SHUFFLED)  # "dropped": on every key (length_rotary_pairs' drop, or the scaled query)
+KINDS = ("turning ≥ half a turn within L", "turning < half a turn within L", "not turning", "scale control")
+
+
+def kind(label: str, length: int) -> str:
+    """Which of KINDS a row is: a pair that turns at least half a turn within L has values that do not depend on
+    distance over ranges of keys (its mean over them ≈ 0); a slower one can make a penalty that turns back past L."""
+    if label == SCALED:
+        return KINDS[3]
+    if label.startswith(STATIC):
+        return KINDS[2]
+    frequency = 1.0 if label == "1" else 1.0 / float(label.split("/")[1])
+    return KINDS[0] if frequency * length >= math.pi else KINDS[1]
+
+
+def changes(run: dict, label: str, windows: str, octave: int) -> dict:
+    """{edit: (change in S's variance over the octave's keys, losses)} of one row, for each edit it has."""
+    whole = WHOLE_SCALED if label == SCALED else label
+    base = variance_without(run, "none", windows, octave)
+    variances = {"dropped": variance_without(run, whole, windows, octave)}
+    variances[PAST] = variances["dropped"]  # every key of the farthest octave is past L
+    if label != SCALED:
+        variances[SHUFFLED] = shuffled_variance(run, label, windows, octave)
+    found = {"dropped": run["dropped"][whole], **run["past"][label]}
+    return {edit: (variances[edit] - base, found[edit]) for edit in EDITS if edit in found}
 
 
 def analyse_past(cfg: dict, variant: str, seed: int) -> dict:
@@ -77,7 +105,8 @@ def analyse_past(cfg: dict, variant: str, seed: int) -> dict:
 
 def shuffled_variance(run: dict, label: str, windows: str, octave: int) -> float:
     """S's variance over an octave's keys with the unit's part shuffled among them: the part keeps its variance and
-    loses its covariance with the rest, var(S − p) + var(p)."""
+    loses its covariance with the rest, var(S − p) + var(p). The edit shuffles among all of a query's keys past L,
+    which gives the same where the part's values do not depend on distance (fast pairs, channels that do not turn)."""
     spread, units = run["spread"][windows], run["spread_labels"]
     unit = units.index(label)
     s, p = spread["variance"][..., units.index("S"), octave], spread["variance"][..., unit, octave]
@@ -91,31 +120,62 @@ def past_table(analyses: dict, cfg: dict) -> list[str]:
     bins = position_bin_labels(m)[1:]
     columns = (bins.index("[2L, 4L)"), len(bins) - 1)
     long, far_label, octave = logit_spans(cfg)[-1]
-    whole_scaled = next(label for label, share in SHRUNK.items() if share == SHARE)
     lines = [f"The change in the loss excess of the {m}L windows over the 1× windows (the length evaluation's "
              f"windows and text) at [2L, 4L) and at {far_label}, against the intact model (its excess in the first "
              "row), with each pair dropped on every key (the section on which rotary pairs make the distance "
              "penalty), dropped only on the keys at t ≥ L, or shuffled among each query's keys at t ≥ L; last, "
              f"every part of S times {math.sqrt(SHARE):.3f} (its variance × {SHARE}), on every key (the query "
-             "scaled) and past L only. Beside them, S's variance over a query's keys at "
-             f"{far_label} with the pair dropped and with it shuffled (from the intact model's spread). No edit past "
-             "L changes the 1× windows.", "",
+             "scaled) and past L only. Beside them, the change in S's variance over a query's keys at "
+             f"{far_label} with the pair dropped (there, the same on every key or past L) and with it shuffled (from "
+             "the intact model's spread; its value in the first row). No edit past L changes the 1× windows.", "",
              f"| model | pair | Δ excess, [2L, 4L): dropped | {PAST} | {SHUFFLED} | Δ excess, {far_label}: dropped "
-             f"| {PAST} | {SHUFFLED} | var S, dropped | var S, shuffled |",
+             f"| {PAST} | {SHUFFLED} | Δ var S: dropped | {SHUFFLED} |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for variant, runs in analyses.items():
         for seed, run in zip(lm.seed_ids(cfg), runs):
             name, intact = f"{variant}, seed {seed}", run["intact"]["excess"]
             lines.append(f"| {name} | none | " + " | | | ".join(f"{intact[c]:+.3f}" for c in columns)
                          + f" | | | {variance_without(run, 'none', long, octave):.3f} | |")
-            for label, edits in run["past"].items():
-                whole = run["dropped"][whole_scaled if label == SCALED else label]
-                found = (whole, edits[PAST], edits.get(SHUFFLED))
-                cells = ["–" if f is None else f"{f['excess'][c] - intact[c]:+.3f}" for c in columns for f in found]
-                variances = (f"{variance_without(run, whole_scaled, long, octave):.3f} | –" if label == SCALED else
-                             f"{variance_without(run, label, long, octave):.3f} | "
-                             f"{shuffled_variance(run, label, long, octave):.3f}")
-                lines.append(f"| {name} | {label} | " + " | ".join(cells) + f" | {variances} |")
+            for label in run["past"]:
+                found = changes(run, label, long, octave)
+                cells = [f"{found[edit][1]['excess'][c] - intact[c]:+.3f}" if edit in found else "–"
+                         for c in columns for edit in EDITS]
+                variances = [f"{found[edit][0]:+.3f}" if edit in found else "–" for edit in ("dropped", SHUFFLED)]
+                lines.append(f"| {name} | {label} | " + " | ".join(cells + variances) + " |")
+    return lines
+
+
+def points(runs: list, cfg: dict) -> dict:
+    """{kind: {edit: [(change in S's variance, change in the loss excess) at the farthest bin, per row]}} over the
+    models `runs` of one variant."""
+    long, _, octave = logit_spans(cfg)[-1]
+    found = {}
+    for run in runs:
+        intact = run["intact"]["excess"][-1]
+        for label in run["past"]:
+            for edit, (variance, losses_) in changes(run, label, long, octave).items():
+                found.setdefault(kind(label, cfg["length"]), {}).setdefault(edit, []).append(
+                    (variance, losses_["excess"][-1] - intact))
+    return found
+
+
+def summary_table(analyses: dict, cfg: dict) -> list[str]:
+    """Per variant and kind of row: the mean over its rows (pairs and models) of the changes in the table above at
+    the farthest bin."""
+    far_label = logit_spans(cfg)[-1][1]
+    lines = [f"The same at {far_label}, averaged over the rows of each kind (pairs and seeds): the pairs that turn at "
+             "least half a turn within L (their values over a range of far keys do not depend on distance), the "
+             "slower ones, the channels that do not turn (two at a time), and the scale control.", "",
+             f"| model | kind | rows | Δ excess: dropped | {PAST} | {SHUFFLED} | Δ var S: dropped | {SHUFFLED} |",
+             "|---|---|---|---|---|---|---|---|"]
+    for variant, runs in analyses.items():
+        found = points(runs, cfg)
+        for name in [k for k in KINDS if k in found]:
+            edits = found[name]
+            excess = [f"{np.mean([e for _, e in edits[edit]]):+.3f}" if edit in edits else "–" for edit in EDITS]
+            variance = [f"{np.mean([v for v, _ in edits[edit]]):+.3f}" if edit in edits else "–"
+                        for edit in ("dropped", SHUFFLED)]
+            lines.append(f"| {variant} | {name} | {len(edits['dropped'])} | " + " | ".join(excess + variance) + " |")
     return lines
 
 
@@ -128,26 +188,16 @@ def plot(analyses: dict, cfg: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    long, far_label, octave = logit_spans(cfg)[-1]
-    whole_scaled = next(label for label, share in SHRUNK.items() if share == SHARE)
+    far_label = logit_spans(cfg)[-1][1]
     figure, axes = plt.subplots(1, len(analyses), figsize=(7 * len(analyses), 5), squeeze=False)
+    markers = {"dropped": "o", PAST: "s", SHUFFLED: "^"}
+    colours = dict(zip(KINDS, ("tab:blue", "tab:cyan", "tab:grey", "black")))
     for axis, (variant, runs) in zip(axes.flat, analyses.items()):
-        points = {}  # (kind, edit) -> [(Δ variance, Δ excess)]
-        for run in runs:
-            base, intact = variance_without(run, "none", long, octave), run["intact"]["excess"][-1]
-            for label, edits in run["past"].items():
-                kind = "scale control" if label == SCALED else STATIC if label.startswith(STATIC) else "turning"
-                for how, found in (("dropped", run["dropped"][whole_scaled if label == SCALED else label]),
-                                   *edits.items()):
-                    variance = (shuffled_variance(run, label, long, octave) if how == SHUFFLED else
-                                variance_without(run, whole_scaled if label == SCALED else label, long, octave))
-                    points.setdefault((kind, how), []).append((variance - base, found["excess"][-1] - intact))
-        markers, colours = {"dropped": "o", PAST: "s", SHUFFLED: "^"}, {"turning": "tab:blue", STATIC: "tab:grey",
-                                                                       "scale control": "black"}
-        for (kind, how), found in points.items():
-            xs, ys = zip(*found)
-            axis.scatter(xs, ys, marker=markers[how], color=colours[kind], alpha=0.7,
-                         label=f"{kind}, {'every key' if kind == 'scale control' and how == 'dropped' else how}")
+        for name, edits in points(runs, cfg).items():
+            for edit, found in edits.items():
+                xs, ys = zip(*found)
+                shown = "every key" if name == KINDS[3] and edit == "dropped" else edit
+                axis.scatter(xs, ys, marker=markers[edit], color=colours[name], alpha=0.7, label=f"{name}, {shown}")
         axis.axhline(0.0, color="grey", linewidth=1)
         axis.axvline(0.0, color="grey", linewidth=1)
         axis.set(title=variant, xlabel=f"change in S's variance over a query's keys, {far_label}",
@@ -161,7 +211,8 @@ def plot(analyses: dict, cfg: dict, path) -> None:
 
 def section(analyses: dict, cfg: dict, command: str, png_link: str) -> str:
     return "\n".join([*section_head(cfg, "do the rotary pairs' scores past L carry information", command, "on"),
-                      *past_table(analyses, cfg), "", f"![each pair dropped and shuffled past L]({png_link})"])
+                      *past_table(analyses, cfg), "", *summary_table(analyses, cfg), "",
+                      f"![each pair dropped and shuffled past L]({png_link})"])
 
 
 def main(argv=None):

@@ -136,5 +136,13 @@ def test_length_rotary_past_smoke(bench, past, tmp_path):  # noqa: F811
     for row in rows[1:-1]:  # the whole drop's column is bench/length_rotary_pairs.py's
         dropped = whole["dropped"][row[1]]["excess"]
         assert float(row[5]) == pytest.approx(dropped[-1] - whole["intact"]["excess"][-1], abs=6e-4)
+    # the summary: the rows of each kind (ω·L ≥ π: 1 and 1/10 at L = 256), their mean, the control's variance
+    summary = [[c.strip() for c in line.strip("|").split("|")] for line in section.split("The same at")[1].splitlines()
+               if line.startswith("| scale-invariant p-RoPE | ")]
+    assert [(row[1], row[2]) for row in summary] == [(past.KINDS[0], "2"), (past.KINDS[1], "2"), (past.KINDS[2], "4"),
+                                                     (past.KINDS[3], "1")]
+    fast = [float(row[8]) for row in rows if row[1] in ("1", "1/10")]  # Δ var S, dropped
+    assert float(summary[0][6]) == pytest.approx(sum(fast) / 2, abs=6e-4) and abs(sum(fast)) > 0.05
+    assert float(summary[3][6]) == pytest.approx(-0.2 * float(rows[0][8]), abs=1.1e-3)
     with pytest.raises(SystemExit, match="--variants ALiBi: expected variants with rotary pairs"):
         past.main([*models, "--variants", "ALiBi", *out])
