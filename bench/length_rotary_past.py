@@ -113,6 +113,18 @@ def shuffled_variance(run: dict, label: str, windows: str, octave: int) -> float
     return float((s - 2 * spread["covariance"][..., unit, octave] + 2 * p).mean())
 
 
+def spread_and_shuffle(run: dict, label: str, windows: str, octave: int) -> float | None:
+    """What dropping a pair past L would do at the farthest bin if its effect were the loss of its spread, at the
+    rate the scale control past L gives per unit of S's variance, plus what moving its values among the keys does
+    (its shuffle); None for the control itself."""
+    found = changes(run, label, windows, octave)
+    if SHUFFLED not in found:
+        return None
+    control, intact = changes(run, SCALED, windows, octave)[PAST], run["intact"]["excess"][-1]
+    rate = (control[1]["excess"][-1] - intact) / control[0]
+    return found["dropped"][0] * rate + found[SHUFFLED][1]["excess"][-1] - intact
+
+
 def past_table(analyses: dict, cfg: dict) -> list[str]:
     """Per model and unit: the change in the loss excess at [2L, 4L) and at the farthest bin, dropped on every key
     (bench/length_rotary_pairs.py's), dropped past L and shuffled past L, beside S's variance there after each."""
@@ -127,21 +139,25 @@ def past_table(analyses: dict, cfg: dict) -> list[str]:
              f"every part of S times {math.sqrt(SHARE):.3f} (its variance × {SHARE}), on every key (the query "
              "scaled) and past L only. Beside them, the change in S's variance over a query's keys at "
              f"{far_label} with the pair dropped (there, the same on every key or past L) and with it shuffled (from "
-             "the intact model's spread; its value in the first row). No edit past L changes the 1× windows.", "",
+             "the intact model's spread; its value in the first row). Last, the sum of two parts, beside the drop past "
+             f"L at {far_label}: the pair's loss of variance at the rate the scale control past L gives per unit "
+             "of variance, and its shuffle. No edit past L changes the 1× windows.", "",
              f"| model | pair | Δ excess, [2L, 4L): dropped | {PAST} | {SHUFFLED} | Δ excess, {far_label}: dropped "
-             f"| {PAST} | {SHUFFLED} | Δ var S: dropped | {SHUFFLED} |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"| {PAST} | {SHUFFLED} | Δ var S: dropped | {SHUFFLED} | spread + shuffle |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for variant, runs in analyses.items():
         for seed, run in zip(lm.seed_ids(cfg), runs):
             name, intact = f"{variant}, seed {seed}", run["intact"]["excess"]
             lines.append(f"| {name} | none | " + " | | | ".join(f"{intact[c]:+.3f}" for c in columns)
-                         + f" | | | {variance_without(run, 'none', long, octave):.3f} | |")
+                         + f" | | | {variance_without(run, 'none', long, octave):.3f} | | |")
             for label in run["past"]:
                 found = changes(run, label, long, octave)
                 cells = [f"{found[edit][1]['excess'][c] - intact[c]:+.3f}" if edit in found else "–"
                          for c in columns for edit in EDITS]
                 variances = [f"{found[edit][0]:+.3f}" if edit in found else "–" for edit in ("dropped", SHUFFLED)]
-                lines.append(f"| {name} | {label} | " + " | ".join(cells + variances) + " |")
+                both = spread_and_shuffle(run, label, long, octave)
+                lines.append(f"| {name} | {label} | " + " | ".join(cells + variances) + " | "
+                             + ("–" if both is None else f"{both:+.3f}") + " |")
     return lines
 
 
@@ -166,16 +182,23 @@ def summary_table(analyses: dict, cfg: dict) -> list[str]:
     lines = [f"The same at {far_label}, averaged over the rows of each kind (pairs and seeds): the pairs that turn at "
              "least half a turn within L (their values over a range of far keys do not depend on distance), the "
              "slower ones, the channels that do not turn (two at a time), and the scale control.", "",
-             f"| model | kind | rows | Δ excess: dropped | {PAST} | {SHUFFLED} | Δ var S: dropped | {SHUFFLED} |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"| model | kind | rows | Δ excess: dropped | {PAST} | {SHUFFLED} | Δ var S: dropped | {SHUFFLED} "
+             "| spread + shuffle |", "|---|---|---|---|---|---|---|---|---|"]
+    long, _, octave = logit_spans(cfg)[-1]
     for variant, runs in analyses.items():
         found = points(runs, cfg)
+        both = {}  # kind -> [spread_and_shuffle per row]
+        for run in runs:
+            for label in run["past"]:
+                both.setdefault(kind(label, cfg["length"]), []).append(spread_and_shuffle(run, label, long, octave))
         for name in [k for k in KINDS if k in found]:
             edits = found[name]
             excess = [f"{np.mean([e for _, e in edits[edit]]):+.3f}" if edit in edits else "–" for edit in EDITS]
             variance = [f"{np.mean([v for v, _ in edits[edit]]):+.3f}" if edit in edits else "–"
                         for edit in ("dropped", SHUFFLED)]
-            lines.append(f"| {variant} | {name} | {len(edits['dropped'])} | " + " | ".join(excess + variance) + " |")
+            summed = "–" if None in both[name] else f"{np.mean(both[name]):+.3f}"
+            lines.append(f"| {variant} | {name} | {len(edits['dropped'])} | " + " | ".join(excess + variance)
+                         + f" | {summed} |")
     return lines
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
@@ -111,6 +112,29 @@ def test_shuffled_past_is_a_permutation_of_each_querys_past_keys(probe):
     torch.testing.assert_close(probe.shuffled_past(part, past, torch.Generator().manual_seed(1)), shuffled)
     with pytest.raises(ValueError, match="the past keys of a query must come first"):
         probe.shuffled_past(part, past.flip(-1), generator)
+
+
+def test_spread_and_shuffle_adds_the_controls_rate_to_the_shuffle(past):
+    """A part p independent of the rest of S (cov(p, S) = var p): dropping it takes var p from S, shuffling it
+    nothing; the scale control takes 0.2 of S's variance for 0.1 of excess, so the loss of spread is worth 0.5 per
+    unit, and the sum is 0.5·(−var p) + the shuffle's change."""
+    def losses(far):
+        return {"single": 5.0, "excess": [0.0, 0.0, 0.0, far]}
+
+    variance = np.zeros((1, 1, 2, 3))
+    variance[..., 0, 2], variance[..., 1, 2] = 0.1, 1.0  # the part, S (octave 2)
+    covariance = variance.copy()  # cov(p, S) = var p, cov(S, S) = var S
+    run = {"intact": losses(0.3), "spread_labels": ["1/7", "S"],
+           "spread": {"long": {"variance": variance, "covariance": covariance}},
+           "dropped": {"1/7": losses(0.1), past.WHOLE_SCALED: losses(0.25)},
+           "past": {"1/7": {past.PAST: losses(0.12), past.SHUFFLED: losses(0.27)}, past.SCALED: {past.PAST: losses(0.2)}}}
+    found = past.changes(run, "1/7", "long", 2)
+    assert found["dropped"][0] == pytest.approx(-0.1) and found[past.SHUFFLED][0] == pytest.approx(0.0)
+    assert past.changes(run, past.SCALED, "long", 2)[past.PAST][0] == pytest.approx(-0.2)
+    assert past.spread_and_shuffle(run, "1/7", "long", 2) == pytest.approx(-0.1 * 0.5 - 0.03)
+    assert past.spread_and_shuffle(run, past.SCALED, "long", 2) is None
+    assert [past.kind(label, 256) for label in ("1/53", "1/141", f"{past.STATIC}: channels 8, 24", past.SCALED)] \
+        == list(past.KINDS)
 
 
 def test_length_rotary_past_smoke(bench, past, tmp_path):  # noqa: F811
