@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Do a rotary pair's scores on the keys past the training length carry anything those keys earned?
+"""Whether a rotary pair's scores on the keys past the training length carry anything those keys earned.
 
 bench/length_rotary_pairs.py drops a pair on every key and finds that the fast pairs of scale-invariant p-RoPE cut
 its loss growth past L by more than their share of S's spread explains, while the channels that do not turn give up
