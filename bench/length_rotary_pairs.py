@@ -251,6 +251,13 @@ def section(analyses: dict, cfg: dict, command: str, png_link: str) -> str:
                       f"![each rotary pair's part of the raw logit by distance]({png_link})"])
 
 
+def check_rotary(cfg: dict) -> None:
+    """One clear line when a variant of --variants has no rotary pairs to split (NoPE, ALiBi)."""
+    without = [v for v in cfg["variants"] if lm.VARIANTS[v]["rope_parameters"]["rope_type"] == "none"]
+    if without:
+        raise SystemExit(f"--variants {' '.join(without)}: expected variants with rotary pairs (not NoPE or ALiBi)")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     lm.common_arguments(parser)
@@ -259,9 +266,7 @@ def main(argv=None):
                         help="the pairs dropped one at a time: the turning ones, or all (the channels that do not "
                              "turn too, two at a time, and the query scaled down, as controls)")
     cfg = resolve(parser, argv)
-    without = [v for v in cfg["variants"] if lm.VARIANTS[v]["rope_parameters"]["rope_type"] == "none"]
-    if without:
-        raise SystemExit(f"--variants {' '.join(without)}: expected variants with rotary pairs (not NoPE or ALiBi)")
+    check_rotary(cfg)
     publish(lm.for_each_model(cfg, analyse_variant), cfg, "length_rotary_pairs.py", argv, section, plot)
 
 

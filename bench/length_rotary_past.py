@@ -37,7 +37,7 @@ import length_models as lm
 import results_file as rf
 from length_attention import logit_spans, publish, resolve, section_head
 from length_generalisation import position_bin_labels
-from length_rotary_pairs import analyse_variant, losses, shrunk_label, variance_without
+from length_rotary_pairs import analyse_variant, check_rotary, losses, shrunk_label, variance_without
 from rotary_pairs_probe import STATIC, attention_calls, components, editing_past, spread_units, static_pairs
 
 SHARE = 0.8  # the scale control past L: S's variance there × SHARE
@@ -243,9 +243,7 @@ def main(argv=None):
     lm.common_arguments(parser)
     parser.add_argument("--section", default="length_rotary_past", help="the RESULTS.md section to write")
     cfg = {**resolve(parser, argv), "drop": "all"}
-    without = [v for v in cfg["variants"] if lm.VARIANTS[v]["rope_parameters"]["rope_type"] == "none"]
-    if without:
-        raise SystemExit(f"--variants {' '.join(without)}: expected variants with rotary pairs (not NoPE or ALiBi)")
+    check_rotary(cfg)
     publish(lm.for_each_model(cfg, analyse_past), cfg, "length_rotary_past.py", argv, section, plot)
 
 
