@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 
-from results_file import help_description, machine_line, update_section
+from results_file import RESULTS, help_description, machine_line, update_section
 
 CHILD = r"""
 import json, sys, time
@@ -105,7 +105,7 @@ def write_section(args, rows: list[tuple[str, dict]], reading: str = "") -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[tuple[tuple[str, str], dict]]:
     parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--chunk", type=int, default=512)
@@ -120,10 +120,11 @@ def main() -> None:
     parser.add_argument("--reading", default="", help="a paragraph interpreting the figures, written below the table")
     parser.add_argument("--rows-from", default="", help="write the section from a log of an earlier run's printed "
                         "rows (same settings) instead of measuring again")
+    parser.add_argument("--results", default=str(RESULTS), help="the RESULTS.md to write this script's section into")
     parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
-    args = parser.parse_args()
-    no_write, reading, rows_from = args.no_write, args.reading, args.rows_from
-    del args.no_write, args.reading, args.rows_from
+    args = parser.parse_args(argv)
+    no_write, reading, rows_from, results = args.no_write, args.reading, args.rows_from, args.results
+    del args.no_write, args.reading, args.rows_from, args.results
     rows = []
     if rows_from:  # the per-row lines this script printed in an earlier run with the same settings
         for line in open(rows_from):
@@ -140,7 +141,8 @@ def main() -> None:
     section = write_section(args, rows, reading)
     print(section)
     if not no_write:
-        update_section("long_context_memory", section)
+        update_section("long_context_memory", section, results)
+    return rows
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 them writes into bench/ here (--no-write, or a RESULTS.md under tmp_path)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,7 +18,7 @@ def bench(monkeypatch):
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-    for name in ("inference_speed", "train_step_time", "width_stability", "results_file"):
+    for name in ("inference_speed", "train_step_time", "width_stability", "long_context_memory", "results_file"):
         sys.modules.pop(name, None)
 
 
@@ -69,3 +70,24 @@ def test_width_stability_depth_sweep_smoke(bench, capsys):
                           "--seq", "16", "--device", "cpu", "--no-write"])
     out = capsys.readouterr().out
     assert "| 64 | 2 | 0.05 | 0.10 |" in out and "| 64 | 3 | 0.01 | 0.03 |" in out
+
+
+def test_long_context_memory_smoke(bench, tmp_path):
+    """Each (backend, transform) row measured in its own interpreter, written into the given RESULTS.md; the
+    printed rows rebuild the same table without measuring again (--rows-from)."""
+    import long_context_memory
+
+    size = ["--length", "512", "--chunk", "128", "--hidden", "32", "--layers", "1", "--heads", "2", "--vocab", "64",
+            "--backends", "angpt_chunked"]
+    results = tmp_path / "RESULTS.md"
+    rows = long_context_memory.main([*size, "--results", str(results)])
+    assert [key for key, _ in rows] == [("angpt_chunked", "alibi"), ("angpt_chunked", "scale_invariant")]
+    for _, row in rows:
+        assert row["peak_rss_mib"] > 0 and row["seconds"] > 0
+        assert row["full_scores_mib"] == 4 * 2 * 512**2 / 2**20  # one [1, h, T, T] float32 tensor
+    table = [line for line in results.read_text().splitlines() if line.startswith("| angpt_chunked |")]
+    assert [line.split(" | ")[1:3] for line in table] == [["alibi", "512"], ["scale_invariant", "512"]]
+    log = tmp_path / "run.log"
+    log.write_text("".join(f"{b} {t} {json.dumps(r)}\n" for (b, t), r in rows) + "noise that is not a row\n")
+    again = long_context_memory.main([*size, "--rows-from", str(log), "--no-write"])
+    assert again == rows
