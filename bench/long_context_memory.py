@@ -21,7 +21,7 @@ import json
 import subprocess
 import sys
 
-from results_file import RESULTS, help_description, machine_line, update_section
+from results_file import add_output_arguments, help_description, machine_line, update_section
 
 CHILD = r"""
 import json, sys, time
@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> list[tuple[tuple[str, str], dict]]:
     parser.add_argument("--reading", default="", help="a paragraph interpreting the figures, written below the table")
     parser.add_argument("--rows-from", default="", help="write the section from a log of an earlier run's printed "
                         "rows (same settings) instead of measuring again")
-    parser.add_argument("--results", default=str(RESULTS), help="the RESULTS.md to write this script's section into")
-    parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
+    add_output_arguments(parser, plots=False)
     args = parser.parse_args(argv)
     no_write, reading, rows_from, results = args.no_write, args.reading, args.rows_from, args.results
     del args.no_write, args.reading, args.rows_from, args.results

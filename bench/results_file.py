@@ -46,11 +46,14 @@ def build_data(recipe) -> None:
     build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
 
 
-def add_output_arguments(parser) -> None:
-    """--results / --plots-dir (smoke tests point them at a temp dir) and --no-write."""
+def add_output_arguments(parser, plots: bool = True) -> None:
+    """--results / --plots-dir (smoke tests point them at a temp dir; no --plots-dir for a script that draws no
+    plot) and --no-write."""
     parser.add_argument("--results", default=str(RESULTS), help="the RESULTS.md to write this script's section into")
-    parser.add_argument("--plots-dir", default=str(PLOTS), help="where the PNG plots go")
-    parser.add_argument("--no-write", action="store_true", help="print only, write neither RESULTS.md nor plots")
+    if plots:
+        parser.add_argument("--plots-dir", default=str(PLOTS), help="where the PNG plots go")
+    leaves = "write neither RESULTS.md nor plots" if plots else "leave RESULTS.md alone"
+    parser.add_argument("--no-write", action="store_true", help=f"print only, {leaves}")
 
 
 def add_size_arguments(parser, sizes, device_help: str = "GPU settings (same as --size device)") -> None:

@@ -2,7 +2,6 @@
 them writes into bench/ here (--no-write, or a RESULTS.md under tmp_path)."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -72,7 +71,7 @@ def test_width_stability_depth_sweep_smoke(bench, capsys):
     assert "| 64 | 2 | 0.05 | 0.10 |" in out and "| 64 | 3 | 0.01 | 0.03 |" in out
 
 
-def test_long_context_memory_smoke(bench, tmp_path):
+def test_long_context_memory_smoke(bench, tmp_path, capsys):
     """Each (backend, transform) row measured in its own interpreter, written into the given RESULTS.md; the
     printed rows rebuild the same table without measuring again (--rows-from)."""
     import long_context_memory
@@ -88,6 +87,6 @@ def test_long_context_memory_smoke(bench, tmp_path):
     table = [line for line in results.read_text().splitlines() if line.startswith("| angpt_chunked |")]
     assert [line.split(" | ")[1:3] for line in table] == [["alibi", "512"], ["scale_invariant", "512"]]
     log = tmp_path / "run.log"
-    log.write_text("".join(f"{b} {t} {json.dumps(r)}\n" for (b, t), r in rows) + "noise that is not a row\n")
+    log.write_text(capsys.readouterr().out)  # the rows as the run printed them, then its section (not rows)
     again = long_context_memory.main([*size, "--rows-from", str(log), "--no-write"])
     assert again == rows
