@@ -104,3 +104,15 @@ def captured_attention_calls():
         yield captured
     finally:
         decoder.get_attention_function = inner
+
+
+# rope types every backend test runs over
+ROPES = {
+    "default": {"rope_type": "default", "partial_rotary_factor": 0.5},
+    "full": {"rope_type": "default", "partial_rotary_factor": 1.0, "rope_theta": 500.0},
+    "none": {"rope_type": "none"},
+    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
+    "scale_invariant_p": {"rope_type": "scale_invariant_p"},
+    "dynamic": {"rope_type": "dynamic"},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
+}

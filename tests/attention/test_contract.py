@@ -12,8 +12,7 @@ from modeling_angpt.attention_angpt import eager_attention_forward
 from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS
 from modeling_angpt.masks_angpt import SPARSITIES
 
-from attention_fixtures import ARCHITECTURES, VARIANTS, build, logits, make_config, padded_batch, supported
-from test_attention_backends import ROPES
+from attention_fixtures import ARCHITECTURES, ROPES, VARIANTS, build, logits, make_config, padded_batch, supported
 
 BACKENDS = ("eager", "angpt_chunked", "sdpa", "flex_attention")
 STATIC_ROPES = [name for name in ROPES if name != "dynamic"]  # dynamic NTK's base depends on L: its own test

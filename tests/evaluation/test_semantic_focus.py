@@ -13,7 +13,7 @@ import pytest
 
 from modeling_angpt.evaluation.semantic_focus import TASKS, build_splits, build_tokenizer, generate_samples
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 NNCH = [name for name in TASKS if name != "listops"]
 
 

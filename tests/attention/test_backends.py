@@ -6,19 +6,10 @@ import torch
 from modeling_angpt import AnGPTForCausalLM, attention_angpt
 from modeling_angpt.configuration_angpt import LOGIT_TRANSFORMS
 
-from attention_fixtures import (ARCHITECTURES, VARIANTS, assert_close_on, build, decode_incrementally, logits,
+from attention_fixtures import (ARCHITECTURES, ROPES, VARIANTS, assert_close_on, build, decode_incrementally, logits,
                                 make_config, padded_batch, supported)
 
 FAST_BACKENDS = ("angpt_chunked", "sdpa", "flex_attention")
-ROPES = {
-    "default": {"rope_type": "default", "partial_rotary_factor": 0.5},
-    "full": {"rope_type": "default", "partial_rotary_factor": 1.0, "rope_theta": 500.0},
-    "none": {"rope_type": "none"},
-    "proportional": {"rope_type": "proportional", "partial_rotary_factor": 0.5},
-    "scale_invariant_p": {"rope_type": "scale_invariant_p"},
-    "dynamic": {"rope_type": "dynamic"},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8},
-}
 
 
 @pytest.fixture(autouse=True)

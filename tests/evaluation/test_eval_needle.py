@@ -15,7 +15,7 @@ from modeling_angpt.evaluation import needle
 from modeling_angpt.evaluation.needle_task import (QUESTION, NeedleGenerator, check_room, filler_from_blocks,
                                                    minimum_length, score_answer, training_features)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN_LENGTH = 192  # three needles, question and answer take ~176 tokens of the tests' 512-token BPE
 CITIES, NUMBERS = ("Oslo", "Lima", "Kyoto"), ("1234567", "7654321", "5550123")
 

@@ -145,7 +145,7 @@ def test_conversion_script(tmp_path):
                 "iter_num": 10, "best_val_loss": 3.0}, tmp_path / "ckpt.pt")
     result = subprocess.run([sys.executable, "conversion/ngpt_to_angpt.py", str(tmp_path / "ckpt.pt"),
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=300,
-                            cwd=__import__("pathlib").Path(__file__).parents[1])
+                            cwd=__import__("pathlib").Path(__file__).parents[2])
     assert result.returncode == 0, result.stderr[-2000:]
     from transformers import AutoModelForCausalLM
 

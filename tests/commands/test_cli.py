@@ -15,7 +15,7 @@ from cli_helpers import ENTRY, REPO, angpt, assert_one_line_error, cli_env, snap
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """A tiny training-form checkpoint with a tokenizer (no pad token: an old-style checkpoint)."""
-    from test_export import save_source, write_tokenizer
+    from checkpoint_fixtures import save_source, write_tokenizer
 
     from modeling_angpt import AnGPTConfig
 

@@ -10,7 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from modeling_angpt import AnGPTForCausalLM
 from modeling_angpt.conversion import gptplus_from_transformers
 
-SCRIPT = Path(__file__).resolve().parents[1] / "conversion" / "llama_qwen3_to_gptplus.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "conversion" / "llama_qwen3_to_gptplus.py"
 SHAPE = dict(vocab_size=113, hidden_size=48, intermediate_size=88, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=4, max_position_embeddings=64, rope_parameters={"rope_type": "default",
                                                                                   "rope_theta": 5000.0})
