@@ -31,7 +31,6 @@ class Architecture:
     """Defaults shared by all three; subclasses override what differs."""
 
     name: str = ""
-    recipe_defaults: dict = {}
 
     # --- modules ---------------------------------------------------------------------------------
     def branch_norm(self, config) -> nn.Module:
@@ -121,8 +120,6 @@ class GPTPlus(Architecture):
     """Pre-norm GPT with QK-norm (SPEC §1.1): exactly Qwen3 (Llama with qk_norm off) at full rotation."""
 
     name = "gptplus"
-    recipe_defaults = dict(optimizer="adamw", weight_decay=0.1, warmup_ratio=0.2, adam_beta1=0.9, adam_beta2=0.95,
-                           adam_epsilon=1e-9, max_grad_norm=1.0, lr_scheduler_type="cosine", min_lr_ratio=0.01)
 
     def branch_norm(self, config) -> nn.Module:
         return RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -162,8 +159,6 @@ class NGPT(Architecture):
     """Everything on the hypersphere (SPEC §1.2, NVIDIA reference)."""
 
     name = "ngpt"
-    recipe_defaults = dict(optimizer="adam", weight_decay=0.0, warmup_ratio=0.0, adam_beta1=0.9, adam_beta2=0.95,
-                           adam_epsilon=1e-9, max_grad_norm=1.0, lr_scheduler_type="cosine", min_lr_ratio=0.01)
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1
@@ -202,10 +197,6 @@ class AnGPT(Architecture):
     """Approximately normalized GPT (SPEC §1.3): ν constants, LERP with ν(α), rows in the unit ball."""
 
     name = "angpt"
-    # The width rule: without exact norms, a matrix's first Adam steps (sign-like, low rank) grow its spectral
-    # norm by ~lr·width while its rows stay in the unit ball, and ‖h‖ follows; μP's 1/width rate on matrices keeps
-    # that step constant, so the rate tuned at d=128 holds at every width (training/optim.py, bench/RESULTS.md).
-    recipe_defaults = {**NGPT.recipe_defaults, "lr_width_rule": "inverse_width", "lr_base_width": 128}
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1

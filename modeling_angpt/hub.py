@@ -1,13 +1,14 @@
-"""Model cards: the README.md that `save_pretrained`, `push_to_hub` and `angpt export` write next to a checkpoint,
-and the Hub upload that carries it (`upload_directory`).
+"""Sharing a checkpoint: the model card (README.md) that training and `angpt export` write next to a checkpoint,
+`save_pretrained` (transformers' save followed by that card) and `push_to_hub` (the same, uploaded).
 
 Hub metadata (YAML front matter through huggingface_hub's ModelCardData): library, license, pipeline tag,
 tags for the architecture and attention variant, training data, and the validation loss as a model-index
 entry when known. What is known about training comes from `card_info` (a dict: `datasets`, `train_tokens`,
-`val_loss`, `license`, `repo_id`, `base_model`), given to `save_pretrained(..., card_info=...)` or set as
-`model.card_info` by the training code; `read_card_info(dir)` recovers it from a written card.
+`val_loss`, `license`, `repo_id`, `base_model`), given to `save_pretrained(model, dir, card_info=...)` or set
+as `model.card_info` by the training code; `read_card_info(dir)` recovers it from a written card.
 
-A flat model file (remote code): imports only the standard library and huggingface_hub.
+Not a model file: the model's own `save_pretrained`/`push_to_hub` are transformers' (with transformers' generic
+card); these functions are the ones that write this library's card.
 """
 from __future__ import annotations
 
@@ -164,5 +165,29 @@ def upload_directory(directory, repo_id: str, token=None, commit_message: str = 
                              revision=revision)
 
 
-__all__ = ["model_card_text", "write_model_card", "read_card_info", "attention_summary", "LOADING_NOTE",
-           "create_hub_repo", "upload_directory"]
+def save_pretrained(model, directory, card_info: dict | None = None, **kwargs):
+    """`model.save_pretrained(directory, **kwargs)`, then this library's model card in README.md (on the main
+    process only, as transformers writes the weights)."""
+    result = model.save_pretrained(directory, **kwargs)
+    if kwargs.get("is_main_process", True):
+        write_model_card(model, directory, card_info)
+    return result
+
+
+def push_to_hub(model, repo_id: str, *, card_info: dict | None = None, commit_message: str | None = None,
+                private: bool | None = None, token=None, max_shard_size="50GB", create_pr: bool = False,
+                revision: str | None = None, commit_description: str | None = None):
+    """Upload the model with this library's model card: saved to a temporary folder, then one commit of every file
+    through huggingface_hub's public API (`upload_directory`)."""
+    import tempfile
+
+    repo_id = create_hub_repo(repo_id, private=private, token=token)
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        save_pretrained(model, tmp_dir, card_info={**(card_info or {}), "repo_id": repo_id},
+                        max_shard_size=max_shard_size)
+        return upload_directory(tmp_dir, repo_id, token=token, commit_message=commit_message or "Upload model",
+                                commit_description=commit_description, create_pr=create_pr, revision=revision)
+
+
+__all__ = ["save_pretrained", "push_to_hub", "model_card_text", "write_model_card", "read_card_info",
+           "attention_summary", "LOADING_NOTE", "create_hub_repo", "upload_directory"]

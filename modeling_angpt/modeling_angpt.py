@@ -21,7 +21,6 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
 from .attention_angpt import uses_layout
-from .card_angpt import create_hub_repo, upload_directory, write_model_card
 from .configuration_angpt import AnGPTConfig
 from .decoder_angpt import AnGPTAttention, AnGPTDecoderLayer, AnGPTMLP  # noqa: F401 (AnGPTMLP: a public name)
 from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
@@ -113,30 +112,6 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         """A new model in the inference form of SPEC §2 (config.folded=True): no ν, no scales, no LERP."""
         return fold_model(self, dtype)
 
-    def save_pretrained(self, save_directory, *args, card_info: dict | None = None, **kwargs):
-        """transformers' save_pretrained, then a README.md model card with Hub metadata (card_angpt.py)."""
-        push = kwargs.pop("push_to_hub", False)
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if (args[0] if args else kwargs.get("is_main_process", True)):
-            write_model_card(self, save_directory, card_info)
-        if push:
-            self.push_to_hub(kwargs.pop("repo_id", str(save_directory).rstrip("/").split("/")[-1]), card_info=card_info,
-                             token=kwargs.get("token"))
-        return result
-
-    def push_to_hub(self, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,
-                    token=None, max_shard_size="50GB", create_pr: bool = False, revision: str | None = None,
-                    commit_description: str | None = None, card_info: dict | None = None, **kwargs):
-        """Like transformers' push_to_hub, but uploads this library's model card instead of the generic one
-        (through public huggingface_hub API only, card_angpt.upload_directory)."""
-        import tempfile
-
-        repo_id = create_hub_repo(repo_id, private=private, token=token)
-        with tempfile.TemporaryDirectory() as tmp_dir:
-            self.save_pretrained(tmp_dir, max_shard_size=max_shard_size, card_info={**(card_info or {}), "repo_id": repo_id})
-            return upload_directory(tmp_dir, repo_id, token=token, commit_message=commit_message or "Upload model",
-                                    commit_description=commit_description, create_pr=create_pr, revision=revision)
-
     @property
     def architecture_strategy(self):
         return get_architecture(self.config)
@@ -197,39 +172,11 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     def apply_weight_constraints(self) -> None:
         """Project the weights after an optimiser step: nothing (GPT+), unit norm along d_model (nGPT),
         rows into the unit ball (anGPT). Call it on every rank after every step (SPEC §1)."""
-        arch = self.architecture_strategy
-        matrices = list(self.constrained_matrices())
-        if not any(type(w).__name__ == "DTensor" for w, _ in matrices):
-            arch.constrain_all(matrices)
-            return
-        # FSDP2: every DTensor is one rank's dim-0 shard (whole rows). Row norms need nothing from other ranks;
-        # a norm along dim 0 (nGPT's W_o/W_down columns) is summed over the shards' process group. One matrix at a
-        # time, in module order: uneven shards have rank-dependent local shapes, and grouping by them could pair
-        # different matrices' all-reduces on different ranks.
-        for weight, residual_output in matrices:
-            local, group = _local_shard(weight)
-            arch.constrain_all([(local, residual_output)], reduce_group=group)
+        self.architecture_strategy.constrain_all(list(self.constrained_matrices()))
 
     def optimizer_param_groups(self, weight_decay: float = 0.0) -> list[dict]:
         """Parameter groups for torch optimisers, weight decay where the architecture wants it."""
         return self.architecture_strategy.optimizer_param_groups(self, weight_decay)
-
-
-def _local_shard(weight):
-    """(this rank's tensor, the process group its dim 0 is sharded over or None) for a parameter that may be a
-    DTensor (FSDP2 shards dim 0 with `Shard(0)`; replicated mesh dims hold the same values)."""
-    if type(weight).__name__ != "DTensor":
-        return weight, None
-    local, group = weight.to_local(), None
-    for mesh_dim, placement in enumerate(weight.placements):
-        if placement.is_shard():
-            if placement.dim != 0:
-                raise NotImplementedError(f"weight constraint on a DTensor sharded along dim {placement.dim}; "
-                                          "FSDP2 shards dim 0")
-            if group is not None:
-                raise NotImplementedError("weight constraint on a DTensor sharded over several mesh dims")
-            group = weight.device_mesh.get_group(mesh_dim)
-    return local, group
 
 
 class AnGPTModel(AnGPTPreTrainedModel):
