@@ -124,10 +124,12 @@ def test_flex_past_its_recompile_limit_warns_and_takes_the_chunked_path(monkeypa
     monkeypatch.setattr(flex_angpt, "_compiled", None)
     monkeypatch.setattr(flex_angpt, "_failed", False)
     monkeypatch.setattr(flex_angpt, "RECOMPILE_LIMIT", 1)
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     torch._dynamo.reset()
     ids, mask = _inputs(2, 64, seed=1)
-    with pytest.warns(RuntimeWarning, match="compiling flex_attention failed"):
+    # config.patch, not monkeypatch: restoring the alias by setattr leaves dynamo's config in a state where later
+    # compiles cannot read `recompile_limit`
+    with torch._dynamo.config.patch(recompile_limit=1), pytest.warns(RuntimeWarning,
+                                                                     match="compiling flex_attention failed"):
         for transform, sparsity in sorted(FAST):
             model = build(make_config(transform, sparsity, "angpt", {"rope_type": "default"},
                                       attention_window=48, max_position_embeddings=128), "eager")
