@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert a transformers Llama or Qwen3 checkpoint directory into a GPT+ checkpoint (SPEC.md §1.1).
+"""Convert a transformers Llama or Qwen3 checkpoint directory into a GPT+ checkpoint (conversion/README.md).
 
     python conversion/llama_qwen3_to_gptplus.py SRC_DIR DST_DIR [--dtype float32]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert an NVIDIA nGPT reference checkpoint (github.com/NVIDIA/ngpt) into an angpt nGPT checkpoint (SPEC §1.2).
+"""Convert an NVIDIA nGPT reference checkpoint (github.com/NVIDIA/ngpt) into an angpt nGPT checkpoint.
 
     python conversion/ngpt_to_angpt.py ckpt.pt DST_DIR
     python conversion/ngpt_to_angpt.py model.safetensors DST_DIR --model-args args.json
