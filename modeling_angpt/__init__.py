@@ -6,9 +6,12 @@ Importing the package registers the config and models with the Auto classes, and
 """
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification)
 
+from .architectures_angpt import register_architecture
+from .attention_angpt import register_attention_backend
 from .configuration_angpt import AnGPTConfig
 from .logit_transforms_angpt import register_logit_transform
-from .masks_angpt import register_sparsity
+from .rotary_angpt import register_rope_type
+from .sparsity_angpt import register_sparsity
 from .modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification, AnGPTModel, AnGPTPreTrainedModel
 
 __version__ = "0.1.0"
@@ -24,4 +27,5 @@ AnGPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 AnGPTForSequenceClassification.register_for_auto_class("AutoModelForSequenceClassification")
 
 __all__ = ["AnGPTConfig", "AnGPTModel", "AnGPTForCausalLM", "AnGPTForSequenceClassification",
-           "AnGPTPreTrainedModel", "register_logit_transform", "register_sparsity"]
+           "AnGPTPreTrainedModel", "register_architecture", "register_attention_backend", "register_logit_transform",
+           "register_rope_type", "register_sparsity"]

@@ -1,9 +1,11 @@
-"""The three architectures as small strategy objects (SPEC.md §1; DESIGN.md principle 1).
+"""The three architectures as small strategy objects (docs/architectures.md), each with its folded inference form.
 
-The decoder block is written once (modeling_angpt.py). An architecture supplies what differs: the
-branch-input norm, the residual update, the q/k treatment, the softmax scale, the ν constants, the
-initialisation, the weight constraint, the optimiser groups and the recipe defaults. No other file asks
-which architecture it is running.
+The decoder block is written once (modeling_angpt.py). An architecture supplies what differs: the branch-input
+norm, the residual update, the q/k treatment, the softmax scale, the ν constants, the initialisation, the weight
+constraint, the optimiser groups, its own config rules and the form it takes once its constants are folded into
+the weights (docs/inference-fold.md). No other file asks which architecture it is running. `ARCHITECTURES` is the
+one list of them: the config validates `architecture` against it, and a new architecture is one class plus one
+`register_architecture` call.
 """
 from __future__ import annotations
 
@@ -14,7 +16,12 @@ from functools import lru_cache
 import torch
 from torch import nn
 
-from .layers_angpt import AddResidual, ApproxLerp, L2Norm, NormalizedLerp, RMSNorm, Scale
+from .layers_angpt import AddResidual, ApproxLerp, Gain, L2Norm, NormalizedLerp, RMSNorm, Scale
+
+FOLDED_TRAINING_ERROR = (
+    "this model is a folded inference checkpoint (config.folded=True, docs/inference-fold.md): its weights carry the "
+    "ν constants, scales and residual rescaling of the training form, so they no longer satisfy the "
+    "architecture's weight constraint and cannot be trained. Train the unfolded checkpoint and export again.")
 
 
 @lru_cache(maxsize=None)
@@ -31,6 +38,15 @@ class Architecture:
     """Defaults shared by all three; subclasses override what differs."""
 
     name: str = ""
+    folded_form: "Architecture | None" = None  # the strategy of this architecture's folded checkpoints
+
+    # --- config ----------------------------------------------------------------------------------
+    def validate(self, config) -> None:
+        """Raise a ValueError for a config this architecture cannot build (after the generic checks)."""
+
+    def default_logit_scale_speed(self, config) -> float:
+        """config.logit_scale_speed when the config leaves it None: √d, nGPT's (docs/architectures.md, "nGPT")."""
+        return config.hidden_size**0.5
 
     # --- modules ---------------------------------------------------------------------------------
     def branch_norm(self, config) -> nn.Module:
@@ -49,11 +65,11 @@ class Architecture:
     def qk_scale(self, config) -> Scale | None:
         """s_qk, one vector over all key heads' channels shared by q and k, applied after RoPE. Under grouped-query
         attention a channel of key head g also scales that channel of every query head reading g, so the logit
-        keeps the form Σ_c s_c² q_c k_c of SPEC §1.2 (with one head per group it is SPEC's s_qk ∈ R^{H·d_h})."""
+        keeps the form Σ_c s_c² q_c k_c (docs/architectures.md, "nGPT"; with one head per group s_qk ∈ R^{H·d_h})."""
         return Scale(config.num_key_value_heads * config.head_dim, 1.0, 1.0 / math.sqrt(config.hidden_size))
 
     def query_gain(self, config) -> nn.Module | None:
-        """A plain per-channel gain on q only, after RoPE: the folded inference form's c_q (SPEC §2)."""
+        """A plain per-channel gain on q only, after RoPE: the folded inference form's c_q (docs/inference-fold.md)."""
         return None
 
     def mlp_scales(self, config) -> tuple[Scale, Scale] | tuple[None, None]:
@@ -84,11 +100,12 @@ class Architecture:
 
     @torch.no_grad()
     def constrain_all(self, matrices: list[tuple[torch.Tensor, bool]], reduce_group=None) -> None:
-        """Project every matrix after an optimiser step, as a few grouped ops (SPEC §1 constraints).
+        """Project every matrix after an optimiser step, as a few grouped ops (docs/architectures.md, "Weight
+        constraints").
 
         Matrices of one shape, dtype, device and axis are stacked so that one norm, one clamp and one
         `torch._foreach_div_`/`_foreach_copy_` serve them all (about 5 groups per model instead of 3-4 ops per
-        matrix); the results are bit-identical to `constrain` per matrix (tests/test_compile_and_constraints.py).
+        matrix); the results are bit-identical to `constrain` per matrix (tests/model/test_compile_and_constraints.py).
         `reduce_group`: the process group over which a norm along dim 0 is summed when each tensor is one rank's
         dim-0 shard (FSDP2); norms along dim -1 (whole rows) never need it."""
         if not self.norm_axis:
@@ -117,7 +134,8 @@ class Architecture:
 
 
 class GPTPlus(Architecture):
-    """Pre-norm GPT with QK-norm (SPEC §1.1): exactly Qwen3 (Llama with qk_norm off) at full rotation."""
+    """Pre-norm GPT with QK-norm (docs/architectures.md, "GPT+"): exactly Qwen3 (Llama with qk_norm off) at full
+    rotation."""
 
     name = "gptplus"
 
@@ -149,16 +167,22 @@ class GPTPlus(Architecture):
         return torch.randn_like(weight) * std
 
     def optimizer_param_groups(self, model, weight_decay):
-        # Weight decay on matrices only (SPEC §1.1): gains and other vectors are not decayed.
+        # Weight decay on matrices only (docs/architectures.md, "GPT+"): gains and other vectors are not decayed.
         params = [p for p in model.parameters() if p.requires_grad]
         return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                 {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
 
 class NGPT(Architecture):
-    """Everything on the hypersphere (SPEC §1.2, NVIDIA reference)."""
+    """Everything on the hypersphere (docs/architectures.md, "nGPT"; NVIDIA's reference code)."""
 
     name = "ngpt"
+
+    def validate(self, config):
+        # ν_uz = √(d/4d) and ν_d = √(4d/d) (docs/architectures.md, "anGPT") assume the 4d width; nGPT shares the shapes.
+        if config.hidden_size * 4 != config.intermediate_size:
+            raise ValueError(f"AnGPTConfig.intermediate_size={config.intermediate_size} is not valid for "
+                             f"architecture={config.architecture!r}; expected 4*hidden_size={4 * config.hidden_size}")
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1
@@ -176,7 +200,7 @@ class NGPT(Architecture):
     @staticmethod
     def _normalize(weight, residual_output):
         # Unit norm along d_model: rows (over the input) for every matrix reading the stream, columns
-        # (over the output) for o_proj and down_proj, which write into it (SPEC §1.2).
+        # (over the output) for o_proj and down_proj, which write into it (docs/architectures.md, "nGPT").
         dim = 0 if residual_output else -1
         return weight / weight.norm(dim=dim, keepdim=True).clamp_min(1e-12)
 
@@ -194,9 +218,16 @@ class NGPT(Architecture):
 
 
 class AnGPT(Architecture):
-    """Approximately normalized GPT (SPEC §1.3): ν constants, LERP with ν(α), rows in the unit ball."""
+    """Approximately normalized GPT (docs/architectures.md, "anGPT"): ν constants, LERP with ν(α), rows in the unit
+    ball."""
 
     name = "angpt"
+    validate = NGPT.validate
+
+    def default_logit_scale_speed(self, config):
+        # The logit temperature the data asks for (a few nats) does not depend on the width, so neither does s_z's
+        # speed; 256 was measured against √d and d at d = 256, 512 and 1024 (experiments/width_depth_stability).
+        return 256.0
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1
@@ -205,13 +236,13 @@ class AnGPT(Architecture):
 
     def constants(self, config):
         d, d_h, m = config.hidden_size, config.head_dim, config.intermediate_size
-        # SPEC §1.3 writes ν_qkv = √(d/d_h), ν_p = √(d_h/d) with d_h = d/H. With head_dim set freely (H·d_h ≠ d) and
+        # The paper writes ν_qkv = √(d/d_h), ν_p = √(d_h/d) with d_h = d/H. With head_dim set freely (H·d_h ≠ d) and
         # grouped-query attention, d_h is config.head_dim, the per-head width, and both constants keep their form,
         # because each is derived from one head and from the width H·d_h of the concatenated output, not from d/H:
         # - ν_qkv: unit rows over d inputs and a unit input give E‖(W_v h)_head‖² = d_h/d for every key/value head,
-        #   however many there are (research §5.1), so ν_qkv = √(d/d_h).
+        #   however many there are, so ν_qkv = √(d/d_h).
         # - ν_p: the H query heads' unit outputs concatenated have ‖y‖² = H over H·d_h channels; unit rows of W_o over
-        #   those H·d_h inputs give E‖W_o y‖² = d·‖y‖²/(H·d_h) = d/d_h (research §5.2), so ν_p = √(d_h/d). Under GQA
+        #   those H·d_h inputs give E‖W_o y‖² = d·‖y‖²/(H·d_h) = d/d_h, so ν_p = √(d_h/d). Under GQA
         #   the output still has H heads (each query head reads its group's key/value head), so H_kv does not enter.
         nu_qkv = math.sqrt(d / d_h)
         nu_p = math.sqrt(d_h / d)
@@ -219,7 +250,7 @@ class AnGPT(Architecture):
         nu_d = math.sqrt(m / d)  # 2 at m = 4d
         up_gain = nu_uz * (math.sqrt(d) if config.gate_sqrt_d == "both" else 1.0)
         gate_gain = nu_uz * math.sqrt(d)
-        # ν_acf = 1/√E‖u ⊙ SiLU(z)‖² with ‖u‖² = m·up_gain²/d and z_i ~ N(0, gate_gain²/d) (research §5.4):
+        # ν_acf = 1/√E‖u ⊙ SiLU(z)‖² with ‖u‖² = m·up_gain²/d and z_i ~ N(0, gate_gain²/d) (docs/architectures.md):
         # for the paper's gate (variance 1/4) this is 1/√0.07225 = 3.720; the paper's 3.74 is a Monte-Carlo
         # estimate of the same quantity at small d.
         nu_acf = 1.0 / math.sqrt(m * up_gain**2 / d * silu_second_moment(gate_gain / math.sqrt(d)))
@@ -227,7 +258,7 @@ class AnGPT(Architecture):
         return dict(v=nu_qkv, o=nu_p * config.nu_att, up=up_gain * nu_acf, gate=gate_gain, down=nu_d)
 
     def init_matrix(self, weight, config, residual_output):
-        # Gaussian rows rescaled to unit norm: the model starts on the boundary of its ball (SPEC §1.3).
+        # Gaussian rows rescaled to unit norm: the model starts on the boundary of its ball (docs/architectures.md).
         weight = torch.randn_like(weight)
         return weight / weight.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
@@ -245,17 +276,101 @@ class AnGPT(Architecture):
         torch._foreach_div_(weights, list(norms.clamp_min(1.0).to(weights[0].dtype).unbind(0)))
 
 
-ARCHITECTURES: dict[tuple[str, bool], Architecture] = {
-    ("gptplus", False): GPTPlus(),
-    ("ngpt", False): NGPT(),
-    ("angpt", False): AnGPT(),
-}
+# --- the folded inference forms (docs/inference-fold.md) ---------------------------------------------------------
+class _Folded:
+    """Mixin: nothing to learn, nothing to constrain. The inference forms still build from a config alone."""
+
+    def init_matrix(self, weight, config, residual_output):
+        return torch.randn_like(weight) * config.initializer_range  # placeholder until the folded weights load
+
+    def constrain(self, weight, residual_output):
+        raise RuntimeError(FOLDED_TRAINING_ERROR)
+
+    def constrain_all(self, matrices, reduce_group=None):
+        raise RuntimeError(FOLDED_TRAINING_ERROR)
+
+    def optimizer_param_groups(self, model, weight_decay):
+        raise RuntimeError(FOLDED_TRAINING_ERROR)
+
+    def constants(self, config):
+        return Architecture.constants(self, config)  # all 1: every constant lives in the weights
+
+
+class FoldedAnGPT(_Folded, AnGPT):
+    """anGPT after the fold: h̃ ← h̃ + x̃ with every ν, s_u, s_v, s_z, β and 1/D in the matrices."""
+
+    def residual(self, config):
+        return AddResidual()
+
+    def qk_scale(self, config):
+        return None
+
+    def query_gain(self, config):
+        # c_q = √d_h · s_qk² on the normalised q after RoPE; k gets nothing; softmax scale 1.
+        return Gain(config.num_attention_heads * config.head_dim)
+
+    def mlp_scales(self, config):
+        return None, None
+
+    def logit_scale(self, config):
+        return None
+
+    def softmax_scale(self, config):
+        return 1.0
+
+
+class FoldedNGPT(_Folded, NGPT):
+    """nGPT after the fold: α and the norms stay (they cannot fold); s_u, s_v, √d, s_z, s_qk go."""
+
+    def residual(self, config):
+        # α stored as its effective value (init = scale = 1, so the stored vector is α itself), |α| baked in.
+        size = config.hidden_size if config.alpha_shape == "vector" else 1
+        return NormalizedLerp(size, 1.0, 1.0, alpha_abs=False)
+
+    qk_scale = FoldedAnGPT.qk_scale
+    query_gain = FoldedAnGPT.query_gain
+    mlp_scales = FoldedAnGPT.mlp_scales
+    logit_scale = FoldedAnGPT.logit_scale
+    softmax_scale = FoldedAnGPT.softmax_scale
+
+
+class FoldedGPTPlus(_Folded, GPTPlus):
+    """GPT+ after the fold: gain-less RMSNorms (gains in the next matrices' columns), 1/√d_h on the q side."""
+
+    def branch_norm(self, config):
+        return RMSNorm(config.hidden_size, config.rms_norm_eps, gain=False)
+
+    def final_norm(self, config):
+        return RMSNorm(config.hidden_size, config.rms_norm_eps, gain=False)
+
+    def softmax_scale(self, config):
+        return 1.0  # 1/√d_h is a scalar, so it commutes with RoPE and sits in q_norm's gain (or W_q)
+
+
+# --- the registry --------------------------------------------------------------------------------------------------
+ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register_architecture(strategy: Architecture, folded: Architecture | None = None) -> Architecture:
+    """Make `architecture=strategy.name` available to configs (and `folded` the form its exported checkpoints
+    run; without one, such a model cannot be exported)."""
+    strategy.folded_form = folded
+    ARCHITECTURES[strategy.name] = strategy
+    return strategy
+
+
+register_architecture(GPTPlus(), FoldedGPTPlus())
+register_architecture(NGPT(), FoldedNGPT())
+register_architecture(AnGPT(), FoldedAnGPT())
 
 
 def get_architecture(config) -> Architecture:
-    """The strategy for `config.architecture` (and the folded inference form when `config.folded`)."""
-    key = (config.architecture, bool(getattr(config, "folded", False)))
-    if key not in ARCHITECTURES:
-        raise ValueError(f"no architecture registered for architecture={key[0]!r}, folded={key[1]}; "
-                         f"known: {sorted(ARCHITECTURES)}")
-    return ARCHITECTURES[key]
+    """The strategy for `config.architecture` (its folded inference form when `config.folded`)."""
+    strategy = ARCHITECTURES.get(config.architecture)
+    if strategy is None:
+        raise ValueError(f"no architecture registered as {config.architecture!r}; known: {sorted(ARCHITECTURES)}")
+    if getattr(config, "folded", False):
+        if strategy.folded_form is None:
+            raise ValueError(f"architecture {config.architecture!r} has no folded inference form")
+        return strategy.folded_form
+    return strategy

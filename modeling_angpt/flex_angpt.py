@@ -1,7 +1,7 @@
-"""FlexAttention for every layout (SPEC.md §3), compiled once for every length, batch size and layer.
+"""FlexAttention for every layout (docs/attention.md), compiled once for every length, batch size and layer.
 
 `score_mod`/`mask_mod` are the registries' elementwise functions (the eager path's math: logit_transforms_angpt,
-masks_angpt.support) on FlexAttention's scalars. Everything that changes from forward to forward reaches them
+sparsity_angpt.support) on FlexAttention's scalars. Everything that changes from forward to forward reaches them
 only as tensors (positions, padding, packing, the query offset); configuration values are constant per model.
 torch.compile then guards on tensor metadata, never on per-forward Python values, and:
 
@@ -22,12 +22,16 @@ If the compiler still fails, the caller gets None after one warning and runs the
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 from torch.fx.experimental import _config as shape_config
 
 from .logit_transforms_angpt import LOGIT_TRANSFORMS, head_tensor
-from .masks_angpt import AttentionLayout, support
+from .sparsity_angpt import support
+
+if TYPE_CHECKING:
+    from .attention_angpt import AttentionLayout
 
 BLOCK = 128  # FlexAttention's default sparse block size (queries and keys)
 MIN_POSITIONS, MIN_ROWS = 1024, 8  # smallest capacities of the captured tensors
@@ -37,7 +41,7 @@ MIN_POSITIONS, MIN_ROWS = 1024, 8  # smallest capacities of the captured tensors
 RECOMPILE_LIMIT = 64
 # Block-mask building: at most this many (row, query, key) elements per step, by device type. On an H200 at 16k
 # tokens the step count, not the arithmetic, sets the time: 2^22 took 23 ms (half a 44 ms flex forward), 2^24 5 ms
-# for 64-192 MiB held (bench/RESULTS.md, long_context_speed). A CPU computes rather than launches: 2^22 there.
+# for 64-192 MiB held (docs/results/benchmarks.md, long context on a GPU). A CPU computes rather than launches: 2^22 there.
 MASK_CHUNK_ELEMENTS = {"cuda": 1 << 24}
 MASK_CHUNK_ELEMENTS_DEFAULT = 1 << 22
 

@@ -1,161 +1,52 @@
-"""Inference form (SPEC.md §2): fold the constants into the weights; the folded strategies that run the result.
+"""The inference form (docs/inference-fold.md): fold the constants into the weights.
 
-`fold_model(model)` returns a new model whose config says `folded: true`. Its forward has, for anGPT, no ν,
-no reparameterised scale and no LERP: per layer two L2 norms, one per-channel gain on q, RoPE, softmax,
-the SiLU gate and two plain adds (research note §10.1). nGPT keeps its normalised LERPs and norms; GPT+
-keeps gain-less RMSNorms (§10.2, §10.3).
+`fold_model(model)` returns a new model whose config says `folded: true`; it runs the architecture's folded
+strategy (architectures_angpt.py). Its forward has, for anGPT, no ν, no reparameterised scale and no LERP: per
+layer two L2 norms, one per-channel gain on q, RoPE, softmax, the SiLU gate and two plain adds. nGPT keeps its
+normalised LERPs and norms; GPT+ keeps gain-less RMSNorms.
 
-How (DESIGN.md principle 4): each module type that holds constants knows what it contributes (`FOLD_RULES`:
-a residual update yields its branch factor β and its stream factor γ, a norm yields the gain it hands to the
-next matrices' columns, a `Scale` yields its effective vector); `fold_state_dict` walks the one decoder block
-in order, carries the cumulative stream rescaling D (h = D ⊙ h̃, SPEC §2) and writes each folded matrix.
-Everything is computed in float64 and cast once at the end. Parameters the fold does not know (an attention
-variant's own, e.g. a LogN scale) are copied unchanged.
-
-This file is a flat model file: it imports only torch, transformers and `from .x import` siblings (remote code).
+How: each module that holds constants says what it contributes (layers_angpt.py): a residual update's `fold()`
+yields its branch factor β and its stream factor γ, a norm's `fold_gain()` the gain it hands to the next matrices'
+columns, a `Scale`'s `fold()` its effective vector. `fold_state_dict` walks the one decoder block in order, carries
+the cumulative stream rescaling D (h = D ⊙ h̃) and writes each folded matrix. Everything is computed in float64 and
+cast once at the end. Parameters the fold does not know (an attention variant's own, e.g. a LogN scale) are copied
+unchanged.
 """
 from __future__ import annotations
 
 import copy
-import math
 
 import torch
 from torch import nn
 
-from .architectures_angpt import ARCHITECTURES, AnGPT, Architecture, GPTPlus, NGPT, get_architecture
-from .layers_angpt import AddResidual, ApproxLerp, L2Norm, NormalizedLerp, RMSNorm, Scale
-
-FOLDED_TRAINING_ERROR = (
-    "this model is a folded inference checkpoint (config.folded=True, docs/inference-fold.md): its weights carry the "
-    "ν constants, scales and residual rescaling of the training form, so they no longer satisfy the "
-    "architecture's weight constraint and cannot be trained. Train the unfolded checkpoint and export again.")
+from .architectures_angpt import FOLDED_TRAINING_ERROR, get_architecture
+from .layers_angpt import L2Norm
 
 
-class Gain(nn.Module):
-    """A plain per-channel gain read directly by the forward (no reparameterisation): the folded c_q."""
-
-    def __init__(self, size: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-
-    def extra_repr(self) -> str:
-        return f"size={self.weight.shape[0]}"
-
-
-# --- the folded strategies (what a `folded: true` config runs) ------------------------------------------------
-class _Folded:
-    """Mixin: nothing to learn, nothing to constrain. The inference forms still build from a config alone."""
-
-    folded = True
-
-    def init_matrix(self, weight, config, residual_output):
-        return torch.randn_like(weight) * config.initializer_range  # placeholder until the folded weights load
-
-    def constrain(self, weight, residual_output):
-        raise RuntimeError(FOLDED_TRAINING_ERROR)
-
-    def constrain_all(self, matrices, reduce_group=None):
-        raise RuntimeError(FOLDED_TRAINING_ERROR)
-
-    def optimizer_param_groups(self, model, weight_decay):
-        raise RuntimeError(FOLDED_TRAINING_ERROR)
-
-    def constants(self, config):
-        return Architecture.constants(self, config)  # all 1: every constant lives in the weights
-
-
-class FoldedAnGPT(_Folded, AnGPT):
-    """anGPT after the fold: h̃ ← h̃ + x̃ with every ν, s_u, s_v, s_z, β and 1/D in the matrices (SPEC §2)."""
-
-    def residual(self, config):
-        return AddResidual()
-
-    def qk_scale(self, config):
-        return None
-
-    def query_gain(self, config):
-        # c_q = √d_h · s_qk² on the normalised q after RoPE; k gets nothing; softmax scale 1.
-        return Gain(config.num_attention_heads * config.head_dim)
-
-    def mlp_scales(self, config):
-        return None, None
-
-    def logit_scale(self, config):
-        return None
-
-    def softmax_scale(self, config):
-        return 1.0
-
-
-class FoldedNGPT(_Folded, NGPT):
-    """nGPT after the fold: α and the norms stay (they cannot fold, research §10.2); s_u, s_v, √d, s_z, s_qk go."""
-
-    def residual(self, config):
-        # α stored as its effective value (init = scale = 1, so the stored vector is α itself), |α| baked in.
-        size = config.hidden_size if config.alpha_shape == "vector" else 1
-        return NormalizedLerp(size, 1.0, 1.0, alpha_abs=False)
-
-    qk_scale = FoldedAnGPT.qk_scale
-    query_gain = FoldedAnGPT.query_gain
-    mlp_scales = FoldedAnGPT.mlp_scales
-    logit_scale = FoldedAnGPT.logit_scale
-    softmax_scale = FoldedAnGPT.softmax_scale
-
-
-class FoldedGPTPlus(_Folded, GPTPlus):
-    """GPT+ after the fold: gain-less RMSNorms (gains in the next matrices' columns), 1/√d_h on the q side."""
-
-    def branch_norm(self, config):
-        return RMSNorm(config.hidden_size, config.rms_norm_eps, gain=False)
-
-    def final_norm(self, config):
-        return RMSNorm(config.hidden_size, config.rms_norm_eps, gain=False)
-
-    def softmax_scale(self, config):
-        return 1.0  # 1/√d_h is a scalar, so it commutes with RoPE and sits in q_norm's gain (or W_q)
-
-
-ARCHITECTURES.update({("angpt", True): FoldedAnGPT(), ("ngpt", True): FoldedNGPT(),
-                      ("gptplus", True): FoldedGPTPlus()})
-
-
-# --- what each module type contributes (the rules of research note §10) -----------------------------------------
-def _f64(module: nn.Module) -> nn.Module:
-    """A float64 copy of a small module, so its own forward computes its effective values exactly."""
-    return copy.deepcopy(module).to(torch.float64)
-
-
+# --- asking each module what it contributes ------------------------------------------------------------------------
 def _norm_gain(norm: nn.Module, name: str):
     """The gain a branch/final norm hands to the next matrices' columns (None: nothing to hand on)."""
     if isinstance(norm, nn.Identity):
         return None
-    if isinstance(norm, RMSNorm):
-        return None if norm.weight is None else norm.weight.detach().to(torch.float64)
-    raise TypeError(f"fold: no rule for the norm {name} of type {type(norm).__name__}")
+    if not hasattr(norm, "fold_gain"):
+        raise TypeError(f"fold: the norm {name} of type {type(norm).__name__} has no fold_gain()")
+    return norm.fold_gain()
 
 
 def _residual_fold(residual: nn.Module, name: str):
     """(β, γ, folded state of the residual module): h_next = γ ⊙ h + β ⊙ x in the training form."""
-    if isinstance(residual, ApproxLerp):
-        gamma, beta = _f64(residual).coefficients()
-        return beta.detach(), gamma.detach(), {}
-    if isinstance(residual, NormalizedLerp):
-        alpha = _f64(residual.alpha)().detach()  # α cannot fold: N(x) sits between W_o and the LERP
-        if residual.alpha_abs:
-            alpha = alpha.abs()
-        return None, None, {"alpha.weight": alpha}
-    if isinstance(residual, AddResidual):
-        return None, None, {}
-    raise TypeError(f"fold: no rule for the residual {name} of type {type(residual).__name__}")
+    if not hasattr(residual, "fold"):
+        raise TypeError(f"fold: the residual {name} of type {type(residual).__name__} has no fold()")
+    return residual.fold()
 
 
 def _scale(module, name: str):
-    """The effective vector of a reparameterised `Scale` (None when the architecture has none)."""
+    """The effective vector of a reparameterised scale (None when the architecture has none)."""
     if module is None:
         return None
-    if isinstance(module, Scale):
-        return _f64(module)().detach()
-    raise TypeError(f"fold: no rule for the scale {name} of type {type(module).__name__}")
+    if not hasattr(module, "fold"):
+        raise TypeError(f"fold: the scale {name} of type {type(module).__name__} has no fold()")
+    return module.fold()
 
 
 def _rows(weight: torch.Tensor, scale) -> torch.Tensor:
@@ -213,7 +104,10 @@ def fold_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[
         raise ValueError("fold: pass a model with a head (AnGPTForCausalLM or AnGPTForSequenceClassification); the "
                          "last stream rescaling and final-norm gain fold into the head, a bare AnGPTModel has none")
     dtype = dtype or next(model.parameters()).dtype
-    arch, target = get_architecture(config), ARCHITECTURES[(config.architecture, True)]
+    arch = get_architecture(config)
+    target = arch.folded_form
+    if target is None:
+        raise ValueError(f"fold: architecture {config.architecture!r} has no folded inference form")
     constants = arch.constants(config)
     heads, d_h = config.num_attention_heads, config.head_dim
     f64 = lambda t: t.detach().to(torch.float64)  # noqa: E731
@@ -281,7 +175,8 @@ def folded_config(config, dtype: torch.dtype | None = None):
 
 @torch.no_grad()
 def fold_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
-    """A new model of the same class in the inference form of SPEC §2 (config.folded=True), in eval mode.
+    """A new model of the same class in the inference form (config.folded=True, docs/inference-fold.md), in eval
+    mode.
 
     Parameters the fold has no rule for (attention variants' own) are copied unchanged; a source parameter
     that would be silently dropped, or a folded parameter nobody computed, is an error.
@@ -317,10 +212,9 @@ def fold_model(model: nn.Module, dtype: torch.dtype | None = None) -> nn.Module:
 
 def _consumed(key: str, model: nn.Module) -> bool:
     """Source parameters the fold absorbed into matrices: reparameterised scales (s_qk, s_u, s_v, s_z, α) and
-    RMSNorm gains (the folded model no longer has them)."""
+    RMSNorm gains (modules marked `folds_away`; the folded model no longer has them)."""
     module_name = key.rpartition(".")[0]
-    return isinstance(model.get_submodule(module_name) if module_name else model, (Scale, RMSNorm))
+    return getattr(model.get_submodule(module_name) if module_name else model, "folds_away", False)
 
 
-__all__ = ["Gain", "FoldedAnGPT", "FoldedNGPT", "FoldedGPTPlus", "fold_state_dict", "fold_model", "folded_config",
-           "FOLDED_TRAINING_ERROR"]
+__all__ = ["fold_state_dict", "fold_model", "folded_config", "FOLDED_TRAINING_ERROR"]

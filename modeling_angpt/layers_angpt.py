@@ -1,4 +1,6 @@
-"""Small building blocks shared by every architecture: norms, reparameterised scales, residual updates."""
+"""The building blocks the architecture strategies put into the one decoder block (architectures_angpt.py): norms,
+reparameterised scales, and the three residual updates. Each block that holds constants also says how it folds
+into the weights for inference (`fold*` methods, read by folding_angpt.py; docs/inference-fold.md)."""
 from __future__ import annotations
 
 import torch
@@ -7,7 +9,7 @@ from torch import nn
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """N(x) = x/‖x‖₂ over `dim` (SPEC notation)."""
+    """N(x) = x/‖x‖₂ over `dim` (docs/architectures.md, "Notation")."""
     return F.normalize(x, dim=dim, eps=1e-12)
 
 
@@ -15,7 +17,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, row_scale=None) -> torch.Tenso
     """`diag(row_scale) · W · x` with the scale applied to the weight, not the activation.
 
     Why: an elementwise pass over activations costs B·T·out, the same scale on the weight costs out·in,
-    which is far smaller at training batch sizes (DESIGN.md, performance notes). Gradients still reach a
+    which is far smaller at training batch sizes (docs/architectures.md, "Where the constants are applied"). Gradients still reach a
     learnable `row_scale`. `row_scale` is None, a Python float or a tensor of shape [out] (or [1]).
     """
     if row_scale is None:
@@ -37,7 +39,10 @@ class RowScaledLinear(nn.Linear):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with an optional learnable gain (GPT+, SPEC §1.1); Llama/Qwen3 numerics."""
+    """Root-mean-square norm with an optional learnable gain (GPT+, docs/architectures.md "GPT+"); Llama/Qwen3
+    numerics."""
+
+    folds_away = True  # its gain moves into the next matrices' columns
 
     def __init__(self, size: int, eps: float = 1e-6, gain: bool = True) -> None:
         super().__init__()
@@ -51,6 +56,10 @@ class RMSNorm(nn.Module):
         x = x.to(dtype)
         return x if self.weight is None else self.weight * x
 
+    def fold_gain(self) -> torch.Tensor | None:
+        """The gain it hands to the next matrices' columns when folded (None: none)."""
+        return None if self.weight is None else self.weight.detach().to(torch.float64)
+
 
 class L2Norm(nn.Module):
     """Exact normalisation N(·) as a module (nGPT/anGPT QK-norm)."""
@@ -60,11 +69,14 @@ class L2Norm(nn.Module):
 
 
 class Scale(nn.Module):
-    """A learnable vector stored reparameterised (SPEC §1.2): s = (s_init / s_scale) · ŝ, ŝ starts at s_scale.
+    """A learnable vector stored reparameterised (docs/architectures.md, "nGPT"): s = (s_init / s_scale) · ŝ, ŝ
+    starts at s_scale.
 
     A small s_scale gives the effective vector a larger learning rate under Adam while every stored value
     stays of similar magnitude.
     """
+
+    folds_away = True  # its effective vector moves into a matrix
 
     def __init__(self, size: int, init: float, scale: float) -> None:
         super().__init__()
@@ -78,49 +90,82 @@ class Scale(nn.Module):
     def extra_repr(self) -> str:
         return f"size={self.weight.shape[0]}, init={self.init_value:g}, scale={self.scale:g}"
 
+    def fold(self) -> torch.Tensor:
+        """The effective vector, in float64."""
+        return (self.weight.detach().to(torch.float64) * (self.init_value / self.scale))
 
-# A residual update takes the stream h, the branch as a callable `branch(output_scale) -> x` and the branch's
-# constant row scale on its output projection; it decides what that projection's rows are multiplied by.
+
+class Gain(nn.Module):
+    """A plain per-channel gain read directly by the forward (no reparameterisation): the folded form's c_q."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def extra_repr(self) -> str:
+        return f"size={self.weight.shape[0]}"
+
+
+# --- the residual updates (docs/architectures.md, "The residual update") ------------------------------------------
+# The decoder layer asks its residual module for `coefficients()` -> (stream weight, branch row scale), runs the
+# branch with that row scale on its output projection (None: the branch's own constant), then calls the module on
+# (h, x, stream weight). `fold()` -> (β, γ, extra state): h_next = γ ⊙ h + β ⊙ x in the training form, and the
+# folded module's own parameters.
 
 
 class AddResidual(nn.Module):
-    """h ← h + x (GPT+, and every folded inference form, SPEC §2)."""
+    """h ← h + x (GPT+, and every folded inference form: docs/inference-fold.md)."""
 
-    def forward(self, h: torch.Tensor, branch, constant: float) -> torch.Tensor:
-        return h + branch(constant)
+    def coefficients(self) -> tuple[None, None]:
+        return None, None
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor, stream_weight=None) -> torch.Tensor:
+        return h + x
+
+    def fold(self):
+        return None, None, {}
 
 
 class NormalizedLerp(nn.Module):
-    """nGPT: h ← N(h + α ⊙ (N(x) − h)) (SPEC §1.2). h is already unit-norm, so N(h) is skipped."""
+    """nGPT: h ← N(h + α ⊙ (N(x) − h)) (docs/architectures.md, "nGPT"). h is already unit-norm, so N(h) is
+    skipped."""
 
     def __init__(self, size: int, alpha_init: float, alpha_scale: float, alpha_abs: bool) -> None:
         super().__init__()
         self.alpha = Scale(size, alpha_init, alpha_scale)
         self.alpha_abs = alpha_abs
 
-    def forward(self, h: torch.Tensor, branch, constant: float) -> torch.Tensor:
-        x = branch(constant)  # any positive factor on x is removed by N(x)
+    def coefficients(self) -> tuple[torch.Tensor, None]:
+        """(α, None): the branch keeps its constant row scale (any positive factor on x is removed by N(x))."""
         alpha = self.alpha()
-        if self.alpha_abs:
-            alpha = alpha.abs()
+        return (alpha.abs() if self.alpha_abs else alpha), None
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         # Under autocast the branch output is bf16 while the stream stays in the parameters' dtype.
         return l2_normalize(torch.lerp(h, l2_normalize(x).to(h.dtype), alpha.to(h.dtype)))
 
+    def fold(self):
+        """α cannot fold (N(x) sits between W_o and the LERP): it stays, stored as its effective value."""
+        alpha = self.alpha.fold()
+        return None, None, {"alpha.weight": alpha.abs() if self.alpha_abs else alpha}
+
 
 def lerp_nu(alpha: torch.Tensor) -> torch.Tensor:
-    """ν(α) = 1/√(mean_i(α_i² + (1 − α_i)²)) (SPEC §1.3); equals 1/√(α² + (1−α)²) for a scalar α.
+    """ν(α) = 1/√(mean_i(α_i² + (1 − α_i)²)) (docs/architectures.md, "anGPT"); equals 1/√(α² + (1−α)²) for a
+    scalar α.
 
-    The factor that keeps ‖(1−α)h + αx‖ ≈ 1 for independent unit-norm h and x (research note §5.5).
+    The factor that keeps ‖(1−α)h + αx‖ ≈ 1 for independent unit-norm h and x.
     """
     return torch.rsqrt((alpha.square() + (1.0 - alpha).square()).mean())
 
 
 class ApproxLerp(nn.Module):
-    """anGPT: h ← ν(α) · ((1 − α) ⊙ h + α ⊙ x) (SPEC §1.3), computed as γ ⊙ h + x̃ in one fused op.
+    """anGPT: h ← ν(α) · ((1 − α) ⊙ h + α ⊙ x) (docs/architectures.md, "anGPT"), computed as γ ⊙ h + x̃ in one
+    fused op.
 
-    β = ν(α)·α is folded into the branch's output projection (the branch is called with the row scale
-    β·constant and returns x̃ = β ⊙ x), so the residual itself is a single `addcmul` with γ = ν(α)(1 − α): this is the
-    training-time half of the fold of SPEC §2. Gradients flow through ν(α) into α. `nu=False` drops the ν(α)
+    β = ν(α)·α is folded into the branch's output projection (the branch runs with the row scale β·constant and
+    returns x̃ = β ⊙ x), so the residual itself is a single `addcmul` with γ = ν(α)(1 − α): the training-time half of
+    the inference fold (docs/inference-fold.md). Gradients flow through ν(α) into α. `nu=False` drops the ν(α)
     factor (the paper's ablation, which it reports as unstable).
     """
 
@@ -131,7 +176,7 @@ class ApproxLerp(nn.Module):
         self.nu = nu
 
     def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(γ, β) with γ = ν(α)(1 − α) on the stream and β = ν(α) α on the branch (SPEC §2 notation)."""
+        """(γ, β) with γ = ν(α)(1 − α) on the stream and β = ν(α) α on the branch (docs/inference-fold.md)."""
         alpha = self.alpha()
         if self.alpha_abs:
             alpha = alpha.abs()
@@ -140,6 +185,15 @@ class ApproxLerp(nn.Module):
         nu = lerp_nu(alpha)
         return nu * (1.0 - alpha), nu * alpha
 
-    def forward(self, h: torch.Tensor, branch, constant: float) -> torch.Tensor:
-        gamma, beta = self.coefficients()  # once per sublayer
-        return torch.addcmul(branch(beta * constant).to(h.dtype), h, gamma.to(h.dtype))
+    def forward(self, h: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+        return torch.addcmul(x.to(h.dtype), h, gamma.to(h.dtype))
+
+    def fold(self):
+        with torch.no_grad():
+            alpha = self.alpha.fold()
+            if self.alpha_abs:
+                alpha = alpha.abs()
+            if not self.nu:
+                return alpha, 1.0 - alpha, {}
+            nu = lerp_nu(alpha)
+            return nu * alpha, nu * (1.0 - alpha), {}

@@ -1,4 +1,4 @@
-"""Logit-transform axis of attention (SPEC.md §3.2) as a registry of behaviour, keyed by config strings.
+"""Logit-transform axis of attention (docs/attention.md, "Logit transforms") as a registry of behaviour, keyed by config strings.
 
 A transform is one `LogitTransform` registered under its `config.attention_logit_transform` name: the definition
 below is all a backend needs, so a new transform (the package's or a user's) is one function plus one
@@ -105,7 +105,7 @@ register_logit_transform("alibi", alibi_transform, head_values=lambda config: al
 
 
 def scale_invariant_coefficients(t: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a_t, m_t) of the scale-invariant transform L = a_t·S + m_t (research note §1.2, α = β = e^0.5):
+    """(a_t, m_t) of the scale-invariant transform L = a_t·S + m_t (docs/attention.md, α = β = e^0.5):
     ℓ_t = ln(1 + t/τ), a_t = √(1 + 2ℓ_t), m_t = −2ℓ_t."""
     log_term = torch.log1p(t.to(torch.float32) / tau)
     return torch.sqrt(1.0 + 2.0 * log_term), -2.0 * log_term
@@ -122,14 +122,14 @@ register_logit_transform("scale_invariant", scale_invariant_transform)
 
 def logn_init_value(config) -> float:
     """s_h at init: config.logn_init, else 1/log(L_train) so that s·log(n) = 1 at the end of the training window
-    (research note §2.6: the paper gives no initial value)."""
+    (the paper gives no initial value)."""
     if config.logn_init is not None:
         return float(config.logn_init)
     return 1.0 / math.log(max(config.max_position_embeddings, 2))
 
 
 def logn_query_scale(scale: torch.Tensor, layout) -> torch.Tensor:
-    """SSMax/LogN (SPEC §3.2): L = s_h·log(n)·S, applied as q ← s_h·log(n)·q. `scale` is s [h], n [b, q] is the
+    """SSMax/LogN (docs/attention.md, "Logit transforms"): L = s_h·log(n)·S, applied as q ← s_h·log(n)·q. `scale` is s [h], n [b, q] is the
     number of keys the query can see (causal: its absolute position + 1). Returns a [b, h, q, 1] factor."""
     key_counts = layout.key_counts()
     return scale.view(1, -1, 1, 1) * torch.log(key_counts.to(scale.dtype).clamp_min(1.0))[:, None, :, None]

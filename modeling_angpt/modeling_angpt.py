@@ -1,8 +1,11 @@
-"""GPT+, nGPT and anGPT as transformers models: one decoder block, architecture strategies (SPEC.md §1).
+"""GPT+, nGPT and anGPT as transformers models, read top to bottom: the model, the one decoder block (attention,
+MLP, the residual updates), and the heads. What differs between the architectures comes from their strategies
+(architectures_angpt.py) as small modules (layers_angpt.py); attention runs on a registered backend
+(attention_angpt.py). See docs/architectures.md.
 
 Names follow transformers' Llama/Qwen3 (`embed_tokens`, `q_proj`, ..., `input_layernorm`, `lm_head`), so state
-dicts convert key for key. This file and the files it imports with `from .x import` are what
-`save_pretrained` copies next to a checkpoint for `trust_remote_code` loading: it imports nothing else of the project.
+dicts convert key for key. This file and the files it imports with `from .x import` are what `save_pretrained`
+copies next to a checkpoint for `trust_remote_code` loading: it imports nothing else of the project.
 """
 from __future__ import annotations
 
@@ -10,23 +13,24 @@ import inspect
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
-from transformers import initialization as init
+from transformers import GenerationMixin
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask, create_masks_for_generate
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
                                            SequenceClassifierOutputWithPast)
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
-from .attention_angpt import uses_layout
+from .attention_angpt import (AttentionLayout, check_attention_backend_once, eager_attention_forward,
+                              get_attention_function, positions_from_padding, uses_layout)
 from .configuration_angpt import AnGPTConfig
-from .decoder_angpt import AnGPTAttention, AnGPTDecoderLayer, AnGPTMLP  # noqa: F401 (AnGPTMLP: a public name)
-from .folding_angpt import FOLDED_TRAINING_ERROR, Gain, fold_model
-from .layers_angpt import RMSNorm, RowScaledLinear, Scale
-from .masks_angpt import AttentionLayout, positions_from_padding
-from .rotary_angpt import AnGPTRotaryEmbedding
+from .layers_angpt import RowScaledLinear, linear
+from .logit_transforms_angpt import LOGIT_TRANSFORMS
+from .pretrained_angpt import AnGPTPreTrainedModel, CheckpointMismatchError  # noqa: F401 (public names)
+from .rotary_angpt import ROPE_TYPES, compute_inv_freq
 
 
 # transformers 5.24 renamed the KV cache argument and output field `past_key_values` to `cache` (generate passes
@@ -49,137 +53,198 @@ def output_cache(outputs):
     return getattr(outputs, OUTPUT_CACHE_FIELD)
 
 
-class CheckpointMismatchError(RuntimeError, ValueError):
-    """A checkpoint tensor whose shape differs from the model's: a RuntimeError as transformers raises it, and a
-    ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
+# --- positions: rotary embedding (rotary_angpt.py has the frequencies of each rope type) ------------------------
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
 
-class AnGPTPreTrainedModel(PreTrainedModel):
-    config_class = AnGPTConfig
-    config: AnGPTConfig
-    base_model_prefix = "model"
-    supports_gradient_checkpointing = True
-    _no_split_modules = ["AnGPTDecoderLayer"]
-    _skip_keys_device_placement = ["past_key_values"]
-    _supports_sdpa = True
-    _supports_flash_attn = True
-    _supports_flex_attn = True
-    _supports_attention_backend = True
-    _can_record_outputs = {"hidden_states": AnGPTDecoderLayer, "attentions": AnGPTAttention}
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotate the first cos.shape[-1] channels of q, k [b, h, t, d_h]; cos/sin are [b, t, r]."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == 0:
+        return q, k
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
 
-    @classmethod
-    def from_pretrained(cls, *args, **kwargs):
-        """transformers' loader, with its usual behaviour where transformers has one: a head the checkpoint lacks
-        because it was saved from another class (a classifier from a causal-LM checkpoint) is initialised and named
-        in transformers' load report; a shape mismatch raises a RuntimeError as transformers does (naming the
-        tensors; CheckpointMismatchError) unless `ignore_mismatched_sizes=True`, which re-initialises them. Stricter than transformers: any other
-        missing tensor (of the base model, or of the head the checkpoint was saved with) is an error naming the
-        tensors, never a silently re-initialised, half-loaded model."""
-        ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
-        wants_info = kwargs.pop("output_loading_info", False)
-        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
-        try:
-            model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True,
-                                                  **kwargs)
-        except Exception as error:  # safetensors' own error names neither the checkpoint nor the problem kind
-            if type(error).__name__ != "SafetensorError":
-                raise
-            raise OSError(f"checkpoint {source}: a safetensors file is corrupted or truncated ({error})") from error
-        mismatched = [f"{name}: checkpoint {tuple(saved)} vs model {tuple(expected)}"
-                      for name, saved, expected in sorted(info["mismatched_keys"])]
-        if mismatched and not ignore_mismatched:
-            raise CheckpointMismatchError(
-                f"checkpoint {source} does not match its config ({len(mismatched)} tensors): "
-                + "; ".join(mismatched[:8])
-                + ". You set `ignore_mismatched_sizes` to `False`, thus raising an error (True re-initialises them).")
-        saved_as = getattr(model.config, "architectures", None) or [cls.__name__]
-        new_head = set()
-        if cls.__name__ not in saved_as and model.base_model is not model:
-            prefix = model.base_model_prefix + "."
-            new_head = {key for key in model.state_dict() if not key.startswith(prefix)}
-        missing = [f"{name}: missing from the checkpoint" for name in sorted(set(info["missing_keys"]) - new_head)]
-        if missing:
-            raise ValueError(f"checkpoint {source} does not match its config ({len(missing)} tensors): "
-                             + "; ".join(missing[:8]))
-        return (model, info) if wants_info else model
+    def rotate(x):
+        if rotary_dim == x.shape[-1]:
+            return x * cos + rotate_half(x) * sin
+        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
+        return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
 
-    def train(self, mode: bool = True):
-        if mode and getattr(self.config, "folded", False):
-            raise RuntimeError(FOLDED_TRAINING_ERROR)
-        return super().train(mode)
+    return rotate(q), rotate(k)
 
-    def fold(self, dtype: torch.dtype | None = None):
-        """A new model in the inference form of SPEC §2 (config.folded=True): no ν, no scales, no LERP."""
-        return fold_model(self, dtype)
 
-    @property
-    def architecture_strategy(self):
-        return get_architecture(self.config)
+class AnGPTRotaryEmbedding(nn.Module):
+    """cos/sin tables for absolute positions; `inv_freq` is a non-persistent buffer re-filled in `_init_weights`.
+
+    Dynamic NTK: the base depends on a sequence length L (θ' = θ·(L/L_train)^(r/(r−2)) when L > L_train, computed by
+    transformers' `ROPE_INIT_FUNCTIONS["dynamic"]`). Keys in a KV cache were rotated with the base of the forward
+    that computed them, so a base that changes while decoding would make them inconsistent with new queries (and
+    the hidden states of later layers would differ anyway). We therefore fix the base for a whole sequence:
+    L = the `rope_seq_len` the caller passes (the total length known up front, e.g. prompt + new tokens), otherwise
+    the length of the first forward that filled the cache (max position + 1), remembered on the cache. Cached
+    decoding then equals a full forward computed with the same L exactly.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__()
+        self.config = config
+        self.length_dependent = ROPE_TYPES[config.rope_parameters["rope_type"]].length_dependent
+        inv_freq, self.attention_scaling = compute_inv_freq(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def reset_parameters(self) -> torch.Tensor:
+        return compute_inv_freq(self.config, self.inv_freq.device)[0]
+
+    def sequence_length(self, position_ids: torch.Tensor, past_key_values=None, rope_seq_len: int | None = None):
+        """The L that fixes the dynamic NTK base for this forward (None for every other rope type)."""
+        if not self.length_dependent:
+            return None
+        if rope_seq_len is None:
+            rope_seq_len = getattr(past_key_values, "angpt_rope_seq_len", None)
+        if rope_seq_len is None:
+            rope_seq_len = int(position_ids.max()) + 1
+        if past_key_values is not None:
+            past_key_values.angpt_rope_seq_len = int(rope_seq_len)
+        return int(rope_seq_len)
 
     @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        arch = self.architecture_strategy
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            if getattr(module, "task_head", False):  # classifier heads are ordinary, unconstrained layers
-                init.normal_(module.weight, std=self.config.initializer_range)
-            else:
-                residual_output = getattr(module, "residual_output", False)
-                init.copy_(module.weight, arch.init_matrix(module.weight, self.config, residual_output))
-        elif isinstance(module, RMSNorm) and module.weight is not None:
-            init.ones_(module.weight)
-        elif isinstance(module, Scale):
-            init.constant_(module.weight, module.scale)
-        elif isinstance(module, Gain):
-            init.ones_(module.weight)
-        elif isinstance(module, AnGPTAttention) and module.logn_scale is not None:
-            init.constant_(module.logn_scale, module.logit_transform.query_scale_init(self.config))
-        elif isinstance(module, AnGPTRotaryEmbedding):
-            # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
-            init.copy_(module.inv_freq, module.reset_parameters())
-
-    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
-                                mean_resizing: bool = True) -> nn.Embedding:
-        """transformers' resize (embedding and head, tied or not), then what it does not know: the per-token output
-        scale s_z follows the vocabulary (new entries at s_z's init value), and new embedding/head rows are projected
-        by the architecture's weight constraint (nGPT: unit norm, anGPT: into the unit ball; GPT+: unchanged).
-        New rows start as transformers makes them: at the old rows' mean (`mean_resizing=True`), or at the
-        architecture's own init (`mean_resizing=False`: unit-norm rows for nGPT/anGPT, N(0, 0.02²) for GPT+)."""
-        old = self.get_input_embeddings().weight.shape[0]
-        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
-        new = embeddings.weight.shape[0]
-        with torch.no_grad():
-            if new > old:
-                head = self.get_output_embeddings()
-                for weight in {id(m.weight): m.weight for m in (embeddings, head) if m is not None}.values():
-                    self.architecture_strategy.constrain(weight[old:], residual_output=False)
-            scale = getattr(self, "logit_scale", None)
-            if scale is not None and scale.weight.shape[0] != new:
-                kept = scale.weight[:new]
-                added = torch.full((new - kept.shape[0],), scale.scale, dtype=kept.dtype, device=kept.device)
-                scale.weight = nn.Parameter(torch.cat([kept, added]), requires_grad=scale.weight.requires_grad)
-        return embeddings
-
-    def constrained_matrices(self):
-        """(weight, residual_output) for every matrix the architecture's constraint covers (not task heads)."""
-        seen = set()
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)) and not getattr(module, "task_head", False):
-                if id(module.weight) not in seen:  # tied head and embedding share one tensor
-                    seen.add(id(module.weight))
-                    yield module.weight, getattr(module, "residual_output", False)
-
-    @torch.no_grad()
-    def apply_weight_constraints(self) -> None:
-        """Project the weights after an optimiser step: nothing (GPT+), unit norm along d_model (nGPT),
-        rows into the unit ball (anGPT). Call it on every rank after every step (SPEC §1)."""
-        self.architecture_strategy.constrain_all(list(self.constrained_matrices()))
-
-    def optimizer_param_groups(self, weight_decay: float = 0.0) -> list[dict]:
-        """Parameter groups for torch optimisers, weight decay where the architecture wants it."""
-        return self.architecture_strategy.optimizer_param_groups(self, weight_decay)
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, seq_len: int | None = None):
+        inv_freq = self.inv_freq
+        if seq_len is not None:  # dynamic NTK: frequencies for this forward's fixed L (see the class docstring)
+            inv_freq = compute_inv_freq(self.config, x.device, seq_len)[0]
+        freqs = position_ids[..., None].float() * inv_freq.float()  # [b, t, r/2]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * self.attention_scaling
+        sin = emb.sin() * self.attention_scaling
+        return cos.to(x.dtype), sin.to(x.dtype)
 
 
+# --- the one decoder block ------------------------------------------------------------------------------------------
+class AnGPTAttention(nn.Module):
+    """Multi-head or grouped-query attention; the architecture decides the q/k treatment, softmax scale and ν
+    constants. The cache holds num_key_value_heads heads; each backend lets a group of query heads share one."""
+
+    def __init__(self, config: AnGPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        arch = get_architecture(config)
+        self.config, self.layer_idx = config, layer_idx
+        self.num_heads, self.head_dim = config.num_attention_heads, config.head_dim
+        self.num_key_value_heads = config.num_key_value_heads
+        # grouped-query attention: query head h reads key/value head h // groups (transformers' repeat_kv)
+        self.num_key_value_groups = self.num_heads // self.num_key_value_heads
+        self.is_causal = config.is_causal
+        self.scaling = arch.softmax_scale(config)
+        constants = arch.constants(config)
+        self.nu_v, self.nu_o = constants["v"], constants["o"]
+        width, kv_width = self.num_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, kv_width, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, kv_width, bias=False)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=False)
+        self.o_proj.residual_output = True
+        self.q_norm, self.k_norm = arch.qk_norm(config), arch.qk_norm(config)
+        self.qk_scale = arch.qk_scale(config)
+        self.query_gain = arch.query_gain(config)  # folded form only: c_q = √d_h·s_qk² (docs/inference-fold.md)
+        # A query-scaling transform (LogN/SSMax, docs/attention.md): one learnable s per head, q ← s_h·log(n)·q;
+        # filled in _init_weights (the state-dict name stays `logn_scale`)
+        self.logit_transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
+        self.logn_scale = None
+        if self.logit_transform.query_scale is not None:
+            self.logn_scale = nn.Parameter(torch.full((self.num_heads,), self.logit_transform.query_scale_init(config)))
+
+    def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, past_key_values=None,
+                output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`output_scale`: a row scale on o_proj's output on top of ν_o (the residual update's branch factor)."""
+        batch, length, _ = hidden_states.shape
+        heads = (batch, length, self.num_heads, self.head_dim)
+        kv_heads = (batch, length, self.num_key_value_heads, self.head_dim)
+        query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
+        key = self.k_norm(self.k_proj(hidden_states).view(kv_heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
+        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(kv_heads).transpose(1, 2)
+        if position_embeddings is not None:
+            query, key = apply_rotary(query, key, *position_embeddings)
+        if self.qk_scale is not None:  # s_qk after RoPE (docs/architectures.md): one per key channel, shared by its query heads
+            s_qk = self.qk_scale().view(self.num_key_value_heads, 1, self.head_dim).to(query.dtype)
+            query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
+        if self.query_gain is not None:  # folded form: all of q's and k's factors merged onto q (docs/inference-fold.md)
+            query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
+        if past_key_values is not None:
+            key, value = past_key_values.update(key, value, self.layer_idx)
+        if self.logn_scale is not None:  # LogN as a query scaling, so every kernel runs it (docs/attention.md)
+            layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
+                                                                                   self.is_causal)
+            query = query * self.logit_transform.query_scale(self.logn_scale, layout).to(query.dtype)
+        # the registered backend (raises if it cannot compute this variant), else transformers' function by name
+        attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward)
+        output, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling,
+                                 dropout=self.config.attention_dropout if self.training else 0.0, **kwargs)
+        output = output.reshape(batch, length, -1)
+        scale = self.nu_o if output_scale is None else output_scale * self.nu_o
+        return linear(output, self.o_proj.weight, scale), weights
+
+
+class AnGPTMLP(nn.Module):
+    """SwiGLU x = ν_d W_down(ν_acf · u ⊙ SiLU(z)), u = ν_uz s_u ⊙ W_up h, z = ν_uz √d s_v ⊙ W_gate h
+    (docs/architectures.md, "anGPT"; GPT+ has all factors 1)."""
+
+    def __init__(self, config: AnGPTConfig) -> None:
+        super().__init__()
+        arch = get_architecture(config)
+        constants = arch.constants(config)
+        self.nu_up, self.nu_gate, self.nu_down = constants["up"], constants["gate"], constants["down"]
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.down_proj.residual_output = True
+        self.up_scale, self.gate_scale = arch.mlp_scales(config)
+
+    def forward(self, x: torch.Tensor, output_scale=None) -> torch.Tensor:
+        up_scale, gate_scale = self.nu_up, self.nu_gate
+        if self.up_scale is not None:
+            up_scale, gate_scale = self.up_scale() * up_scale, self.gate_scale() * gate_scale
+        hidden = linear(x, self.up_proj.weight, up_scale) * nn.functional.silu(linear(x, self.gate_proj.weight, gate_scale))
+        return linear(hidden, self.down_proj.weight, self.nu_down if output_scale is None else output_scale * self.nu_down)
+
+
+class AnGPTDecoderLayer(GradientCheckpointingLayer):
+    """The one block of every architecture: h ← R(h, Attn(n(h))), then h ← R(h, MLP(n(h))); the branch norm n and
+    the residual update R come from the architecture (docs/architectures.md, "One block, three architectures")."""
+
+    def __init__(self, config: AnGPTConfig, layer_idx: int) -> None:
+        super().__init__()
+        arch = get_architecture(config)
+        self.self_attn = AnGPTAttention(config, layer_idx)
+        self.mlp = AnGPTMLP(config)
+        self.input_layernorm = arch.branch_norm(config)
+        self.post_attention_layernorm = arch.branch_norm(config)
+        self.attn_residual = arch.residual(config)
+        self.mlp_residual = arch.residual(config)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None,
+                past_key_values: Cache | None = None, **kwargs) -> torch.Tensor:
+        # The residual update (layers_angpt.py): GPT+ h + x; nGPT N(lerp(h, N(x), α)); anGPT γ ⊙ h + β ⊙ x, its branch
+        # factor β applied to the output projection's rows (a d×d weight, not the B×T×d activations).
+        stream_weight, branch_scale = self.attn_residual.coefficients()
+        update = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask,
+                                past_key_values, branch_scale, **kwargs)[0]
+        hidden_states = self.attn_residual(hidden_states, update, stream_weight)
+
+        stream_weight, branch_scale = self.mlp_residual.coefficients()
+        update = self.mlp(self.post_attention_layernorm(hidden_states), branch_scale)
+        return self.mlp_residual(hidden_states, update, stream_weight)
+
+
+# The per-layer outputs `output_hidden_states` / `output_attentions` collect (transformers' output capturing).
+RECORDED_OUTPUTS = {"hidden_states": AnGPTDecoderLayer, "attentions": AnGPTAttention}
+
+
+# --- the model and its heads ----------------------------------------------------------------------------------------
 class AnGPTModel(AnGPTPreTrainedModel):
+    _can_record_outputs = RECORDED_OUTPUTS
+
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)
         arch = get_architecture(config)
@@ -201,6 +266,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values: Cache | None = None,
                 inputs_embeds=None, use_cache: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
         past_key_values = cache_argument(past_key_values, kwargs)
+        check_attention_backend_once(self.config)  # raises if the backend cannot compute this attention variant
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:
@@ -216,7 +282,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
         length = inputs_embeds.shape[1]
         new_index = torch.arange(length, device=inputs_embeds.device) + past_seen  # cache index of each new token
         if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
-            # count real tokens, as generate does, so left padding changes no position (SPEC §3)
+            # count real tokens, as generate does, so left padding changes no position (docs/attention.md)
             position_ids = positions_from_padding(attention_mask).index_select(1, new_index)
         elif position_ids is None:
             position_ids = new_index[None]
@@ -245,6 +311,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
 
 
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
+    _can_record_outputs = RECORDED_OUTPUTS
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _can_compile_fullgraph = True  # no data-dependent branch in the forward; the static cache carries positions
 
@@ -307,6 +374,8 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
 class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
     """Sequence classification by pooling the final hidden states (mean over non-padding tokens by default;
     the semantic-focus tasks use it with `is_causal=False`)."""
+
+    _can_record_outputs = RECORDED_OUTPUTS
 
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)

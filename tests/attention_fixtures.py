@@ -87,7 +87,7 @@ def assert_close_on(mask, actual, expected, atol=1e-5):
 def captured_attention_calls():
     """[(q, k, scaling)] of every attention call made inside the block, as the decoder hands them to its attention
     function (after the rotation and any query scaling): the oracle for what attention receives."""
-    import modeling_angpt.decoder_angpt as decoder
+    import modeling_angpt.modeling_angpt as decoder
 
     captured, inner = [], decoder.get_attention_function
 

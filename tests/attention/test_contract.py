@@ -10,7 +10,7 @@ from transformers import CompileConfig, DataCollatorWithFlattening, DynamicCache
 from modeling_angpt import attention_angpt, register_logit_transform, register_sparsity
 from modeling_angpt.attention_angpt import eager_attention_forward
 from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS
-from modeling_angpt.masks_angpt import SPARSITIES
+from modeling_angpt.sparsity_angpt import SPARSITIES
 
 from attention_fixtures import ARCHITECTURES, ROPES, VARIANTS, build, logits, make_config, padded_batch, supported
 

@@ -1,5 +1,6 @@
 """The attention axes against their formulas (SPEC §3, research note scale-invariant-attention §1–2) and the
 neutral settings that must reduce to plain attention."""
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -10,7 +11,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from modeling_angpt import attention_angpt
 from modeling_angpt.attention_angpt import eager_attention_forward
 from modeling_angpt.logit_transforms_angpt import alibi_slopes, scale_invariant_coefficients
-from modeling_angpt.rotary_angpt import AnGPTRotaryEmbedding, compute_inv_freq
+from modeling_angpt.modeling_angpt import AnGPTRotaryEmbedding
+from modeling_angpt.rotary_angpt import compute_inv_freq
 
 from attention_fixtures import assert_close_on, build, logits, make_config, padded_batch
 
@@ -128,13 +130,14 @@ def test_logn_is_a_query_scaling_by_log_position(monkeypatch):
     model = build(make_config("logn", "none", "gptplus", {"rope_type": "none"}, logn_init=0.4), "eager")
     plain = build(make_config("none", "none", "gptplus", {"rope_type": "none"}), "eager")
     plain.load_state_dict({k: v for k, v in model.state_dict().items() if "logn" not in k})
-    captured, original = [], attention_angpt.LAYOUT_BACKENDS["eager"]
+    backend = attention_angpt.ATTENTION_BACKENDS["eager"]
+    captured, original = [], backend.function
 
     def spy(module, query, *args, **kwargs):
         captured.append(query)
         return original(module, query, *args, **kwargs)
 
-    monkeypatch.setitem(attention_angpt.LAYOUT_BACKENDS, "eager", spy)
+    monkeypatch.setitem(attention_angpt.ATTENTION_BACKENDS, "eager", dataclasses.replace(backend, function=spy))
     ids = torch.randint(1, 101, (1, 10))
     logits(model, ids)
     logits(plain, ids)

@@ -14,7 +14,7 @@ from conftest import ARCHITECTURES
 from transformers import CompileConfig
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM, flex_angpt
-from modeling_angpt.masks_angpt import SPARSITIES
+from modeling_angpt.sparsity_angpt import SPARSITIES
 from modeling_angpt.training.model_setup import compile_blocks
 
 pytestmark = [pytest.mark.gpu,

@@ -13,7 +13,7 @@ paper's model to tell "the protocol/attention does not reproduce" from "the back
   U(−0.1, 0.1) with bias 0; every other linear layer keeps PyTorch's default initialisation.
 
 The attention is the library's eager path (`attention_angpt.eager_attention_forward` with an `AttentionLayout`), so
-top-k / window / block select keys exactly as `AnGPTForSequenceClassification` does (masks_angpt.py), bidirectional.
+top-k / window / block select keys exactly as `AnGPTForSequenceClassification` does (attention_angpt.py, sparsity_angpt.py), bidirectional.
 One difference from the paper remains: the library's global tokens are the first g positions; the paper appends
 g extra tokens after the padding (note §1.5). Attention dropout is gated on `training` (the paper's code leaves it
 on at evaluation, note §1.0; at p = 0.01 the difference is tiny).
@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ...attention_angpt import eager_attention_forward
-from ...masks_angpt import AttentionLayout
+from ...attention_angpt import AttentionLayout
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "mish": nn.Mish}  # the paper's three (note §3.1)
 
@@ -46,7 +46,7 @@ class PaperEncoderConfig:
     dropout: float = 0.01  # embedding, attention probabilities, MLP inner, residual
     activation: str = "relu"
     positions: str = "sinusoidal"  # "none": no positional signal at all (tests: permutation invariance)
-    attention_sparsity: str = "none"  # names and fields as in AnGPTConfig, read by masks_angpt.py
+    attention_sparsity: str = "none"  # names and fields as in AnGPTConfig, read by sparsity_angpt.py
     attention_topk: int = 5
     attention_window: int = 5
     attention_block_size: int = 5

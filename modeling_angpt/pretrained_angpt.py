@@ -1,0 +1,153 @@
+"""The model class every angpt model shares (AnGPTPreTrainedModel): loading, initialisation, resizing, the weight
+constraint and the fold. The forward lives in modeling_angpt.py.
+
+A model file: `save_pretrained` copies it next to a checkpoint for `trust_remote_code` loading, so it imports
+nothing of the project but the other flat *_angpt.py files.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+
+from .architectures_angpt import FOLDED_TRAINING_ERROR, get_architecture
+from .configuration_angpt import AnGPTConfig
+from .folding_angpt import fold_model
+from .layers_angpt import Gain, RMSNorm, Scale
+
+
+class CheckpointMismatchError(RuntimeError, ValueError):
+    """A checkpoint tensor whose shape differs from the model's: a RuntimeError as transformers raises it, and a
+    ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
+
+
+class AnGPTPreTrainedModel(PreTrainedModel):
+    config_class = AnGPTConfig
+    config: AnGPTConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["AnGPTDecoderLayer"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    # by class name: the classes live in modeling_angpt.py, which builds on this one
+    _can_record_outputs = {"hidden_states": "AnGPTDecoderLayer", "attentions": "AnGPTAttention"}
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' loader, with its usual behaviour where transformers has one: a head the checkpoint lacks
+        because it was saved from another class (a classifier from a causal-LM checkpoint) is initialised and named
+        in transformers' load report; a shape mismatch raises a RuntimeError as transformers does (naming the
+        tensors; CheckpointMismatchError) unless `ignore_mismatched_sizes=True`, which re-initialises them. Stricter than transformers: any other
+        missing tensor (of the base model, or of the head the checkpoint was saved with) is an error naming the
+        tensors, never a silently re-initialised, half-loaded model."""
+        ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
+        wants_info = kwargs.pop("output_loading_info", False)
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        try:
+            model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True,
+                                                  **kwargs)
+        except Exception as error:  # safetensors' own error names neither the checkpoint nor the problem kind
+            if type(error).__name__ != "SafetensorError":
+                raise
+            raise OSError(f"checkpoint {source}: a safetensors file is corrupted or truncated ({error})") from error
+        mismatched = [f"{name}: checkpoint {tuple(saved)} vs model {tuple(expected)}"
+                      for name, saved, expected in sorted(info["mismatched_keys"])]
+        if mismatched and not ignore_mismatched:
+            raise CheckpointMismatchError(
+                f"checkpoint {source} does not match its config ({len(mismatched)} tensors): "
+                + "; ".join(mismatched[:8])
+                + ". You set `ignore_mismatched_sizes` to `False`, thus raising an error (True re-initialises them).")
+        saved_as = getattr(model.config, "architectures", None) or [cls.__name__]
+        new_head = set()
+        if cls.__name__ not in saved_as and model.base_model is not model:
+            prefix = model.base_model_prefix + "."
+            new_head = {key for key in model.state_dict() if not key.startswith(prefix)}
+        missing = [f"{name}: missing from the checkpoint" for name in sorted(set(info["missing_keys"]) - new_head)]
+        if missing:
+            raise ValueError(f"checkpoint {source} does not match its config ({len(missing)} tensors): "
+                             + "; ".join(missing[:8]))
+        return (model, info) if wants_info else model
+
+    def train(self, mode: bool = True):
+        if mode and getattr(self.config, "folded", False):
+            raise RuntimeError(FOLDED_TRAINING_ERROR)
+        return super().train(mode)
+
+    def fold(self, dtype: torch.dtype | None = None):
+        """A new model in the inference form (config.folded=True, docs/inference-fold.md): no ν, no scales, no
+        LERP."""
+        return fold_model(self, dtype)
+
+    @property
+    def architecture_strategy(self):
+        return get_architecture(self.config)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        arch = self.architecture_strategy
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            if getattr(module, "task_head", False):  # classifier heads are ordinary, unconstrained layers
+                init.normal_(module.weight, std=self.config.initializer_range)
+            else:
+                residual_output = getattr(module, "residual_output", False)
+                init.copy_(module.weight, arch.init_matrix(module.weight, self.config, residual_output))
+        elif isinstance(module, RMSNorm) and module.weight is not None:
+            init.ones_(module.weight)
+        elif isinstance(module, Scale):
+            init.constant_(module.weight, module.scale)
+        elif isinstance(module, Gain):
+            init.ones_(module.weight)
+        elif getattr(module, "logn_scale", None) is not None:  # AnGPTAttention with a query-scaling transform
+            init.constant_(module.logn_scale, module.logit_transform.query_scale_init(self.config))
+        elif isinstance(getattr(module, "inv_freq", None), torch.Tensor):  # the rotary embedding
+            # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
+            init.copy_(module.inv_freq, module.reset_parameters())
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """transformers' resize (embedding and head, tied or not), then what it does not know: the per-token output
+        scale s_z follows the vocabulary (new entries at s_z's init value), and new embedding/head rows are projected
+        by the architecture's weight constraint (nGPT: unit norm, anGPT: into the unit ball; GPT+: unchanged).
+        New rows start as transformers makes them: at the old rows' mean (`mean_resizing=True`), or at the
+        architecture's own init (`mean_resizing=False`: unit-norm rows for nGPT/anGPT, N(0, 0.02²) for GPT+)."""
+        old = self.get_input_embeddings().weight.shape[0]
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new = embeddings.weight.shape[0]
+        with torch.no_grad():
+            if new > old:
+                head = self.get_output_embeddings()
+                for weight in {id(m.weight): m.weight for m in (embeddings, head) if m is not None}.values():
+                    self.architecture_strategy.constrain(weight[old:], residual_output=False)
+            scale = getattr(self, "logit_scale", None)
+            if scale is not None and scale.weight.shape[0] != new:
+                kept = scale.weight[:new]
+                added = torch.full((new - kept.shape[0],), scale.scale, dtype=kept.dtype, device=kept.device)
+                scale.weight = nn.Parameter(torch.cat([kept, added]), requires_grad=scale.weight.requires_grad)
+        return embeddings
+
+    def constrained_matrices(self):
+        """(weight, residual_output) for every matrix the architecture's constraint covers (not task heads)."""
+        seen = set()
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and not getattr(module, "task_head", False):
+                if id(module.weight) not in seen:  # tied head and embedding share one tensor
+                    seen.add(id(module.weight))
+                    yield module.weight, getattr(module, "residual_output", False)
+
+    @torch.no_grad()
+    def apply_weight_constraints(self) -> None:
+        """Project the weights after an optimiser step: nothing (GPT+), unit norm along d_model (nGPT),
+        rows into the unit ball (anGPT). Call it on every rank after every step (docs/architectures.md, "Weight
+        constraints"; parameters sharded by FSDP2 go through modeling_angpt.training.distributed)."""
+        self.architecture_strategy.constrain_all(list(self.constrained_matrices()))
+
+    def optimizer_param_groups(self, weight_decay: float = 0.0) -> list[dict]:
+        """Parameter groups for torch optimisers, weight decay where the architecture wants it."""
+        return self.architecture_strategy.optimizer_param_groups(self, weight_decay)
+
+
+__all__ = ["CheckpointMismatchError", "AnGPTPreTrainedModel"]
