@@ -1,30 +1,53 @@
-"""The README works as written: its Python examples run, its links stay inside the repository, and its shell
-blocks run in order, verbatim (the tour in CI; `make demo`, twice, in the slow suite)."""
+"""The README and the guides work as written: their Python examples run, their command lines parse against today's
+command line and scripts, their links and the repository paths they name stay inside the repository, and the
+README's shell blocks run in order, verbatim (the tour in CI; `make demo`, twice, in the slow suite)."""
 import functools
 import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cli_helpers import REPO, cli_env
 
 README = REPO / "README.md"
+GUIDES = sorted(path for path in REPO.glob("docs/*.md"))  # the guides; docs/results/ holds tables, not examples
+PAGES = [README, *sorted(REPO.glob("docs/**/*.md")), *sorted(REPO.glob("conversion/*.md")),
+         *sorted(REPO.glob("bench/*.md")), *sorted(REPO.glob("experiments/**/*.md"))]
+# A repository path in backticks: `docs/attention.md`, `tests/contract/`, `experiments/needle/needle.py`.
+NAMED_PATH = r"`((?:docs|configuration|conversion|bench|experiments|eval|tests|modeling_angpt)/[\w./-]*)`"
 
 
-def shell_blocks() -> list[str]:
-    return re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+def shell_blocks(page: Path = README) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S)
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
 
 
 def test_readme_usage_example_runs(tmp_path, monkeypatch):
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = python_blocks(README)
     assert blocks, "README has no python example"
     monkeypatch.chdir(tmp_path)
     namespace = {"__name__": "readme"}  # blocks run in order, as a reader would paste them
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
     assert (tmp_path / "my-angpt" / "model.safetensors").is_file()
+    assert namespace["variant"].attention_sparsity == "topk"
+
+
+@pytest.mark.parametrize("page", [p.name for p in GUIDES if python_blocks(p)])
+def test_guide_python_examples_run(page, tmp_path, monkeypatch):
+    """Each guide's Python blocks, in order, in one fresh namespace per page, from a directory that looks like the
+    repository root (the examples name `configuration/` files and write their outputs beside them)."""
+    work = _workdir(tmp_path)
+    monkeypatch.chdir(work)
+    namespace = {"__name__": "guide"}
+    for block in python_blocks(REPO / "docs" / page):
+        exec(compile(block, page, "exec"), namespace)
 
 
 @functools.cache  # one read per page, however many links point into it
@@ -36,9 +59,12 @@ def heading_anchors(page: Path) -> set[str]:
 
 
 def test_readme_and_docs_stand_alone():
-    """Every link (anchors included) and every file the README names exists in the repository; nothing points
-    outside it, not even by name (the project's specification is not shipped, so no page cites it)."""
-    for page in [README, REPO / "bench" / "RESULTS.md", *sorted(REPO.glob("docs/*.md")), *REPO.glob("conversion/*.md")]:
+    """Every link (anchors and images included) of the README, the docs, the converters' page, the benchmarks' and
+    the experiments' pages points to a file of the repository; nothing points outside it, not even by name (the
+    project's specification is not shipped, so no page cites it); every repository path the README and the docs
+    name in backticks exists."""
+    assert len(PAGES) > 8
+    for page in PAGES:
         text = page.read_text()
         assert not re.search(r"\bSPEC\b|DESIGN\.md|research/|\.\./shared|shared/", text), page
         for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", text):
@@ -47,11 +73,36 @@ def test_readme_and_docs_stand_alone():
             assert path.exists() and path.resolve().is_relative_to(REPO), (page, target)
             if anchor:
                 assert anchor in heading_anchors(path if target else page), (page, target, anchor)
-    named = set(re.findall(r"`((?:docs|configuration|conversion|bench|tests|modeling_angpt)/[\w./-]+)`",
-                           README.read_text()))
-    assert named and all((REPO / path).exists() for path in named), [p for p in named if not (REPO / p).exists()]
-    for doc in ("architectures", "inference-fold", "attention", "evaluation", "training"):
-        assert f"docs/{doc}.md" in README.read_text()
+    for page in [README, *REPO.glob("docs/**/*.md")]:
+        named = set(re.findall(NAMED_PATH, page.read_text()))
+        assert all((REPO / path).exists() for path in named), (page, [p for p in named if not (REPO / p).exists()])
+    readme = README.read_text()
+    for doc in ("architectures", "inference-fold", "attention", "evaluation", "training", "usage",
+                "transformers-compat", "results/README"):
+        assert f"docs/{doc}.md" in readme
+    for page in GUIDES:  # every guide is reachable from the README
+        assert f"docs/{page.name}" in readme, page
+
+
+def test_results_pages_name_scripts_and_options_that_exist():
+    """The commands the README and the docs give for the experiments and benchmarks (`python experiments/...`,
+    `python bench/...`) name scripts that exist, and every option they pass is one the script's --help lists."""
+    commands = [c for page in [README, *REPO.glob("docs/**/*.md")]
+                for c in re.findall(r"`python ((?:experiments|bench)/[^`]+)`", page.read_text())]
+    assert len(commands) >= 10
+    options: dict[str, set[str]] = {}
+    for command in commands:
+        script = command.split()[0]
+        assert (REPO / script).is_file(), command
+        options.setdefault(script, set()).update(re.findall(r"(?<!\S)(--[a-z][\w-]*)", command))
+    helps = {script: subprocess.Popen([sys.executable, script, "--help"], cwd=REPO, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=cli_env())
+             for script in options}
+    for script, proc in helps.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (script, err[-2000:])
+        missing = sorted(option for option in options[script] if option not in out)
+        assert not missing, (script, missing)
 
 
 def _workdir(tmp_path: Path) -> Path:
@@ -89,22 +140,24 @@ def _command_lines(block: str) -> list[list[str]]:
 
 
 def test_readme_reference_commands_parse():
-    """The shell blocks beside the tour need `make demo`'s model or the Hub to run; each of their `angpt` lines
-    must still parse against today's command line (no renamed command or option, no invalid value)."""
+    """The shell blocks of the README and the guides beside the tour need `make demo`'s model or the Hub to run;
+    each of their `angpt` lines must still parse against today's command line (no renamed command or option, no
+    invalid value)."""
     from modeling_angpt import cli
 
-    checked = 0
-    for block in shell_blocks():
-        if "tour_cpu.yaml" in block or block.lstrip().startswith("make"):
-            continue
-        for words in _command_lines(block):
-            if not words[0].endswith("angpt"):
+    checked = {}
+    for page in [README, *GUIDES]:
+        for block in shell_blocks(page):
+            if "tour_cpu.yaml" in block or block.lstrip().startswith("make"):
                 continue
-            parser = cli.build_parser(words[1])
-            args = parser.parse_args(words[1:])
-            assert args.command == words[1]
-            checked += 1
-    assert checked >= 5
+            for words in _command_lines(block):
+                if not words[0].endswith("angpt"):
+                    continue
+                parser = cli.build_parser(words[1])
+                args = parser.parse_args(words[1:])
+                assert args.command == words[1]
+                checked[page.name] = checked.get(page.name, 0) + 1
+    assert checked.get("README.md", 0) >= 4 and sum(checked.values()) >= 10, checked
 
 
 @pytest.mark.slow
