@@ -99,8 +99,8 @@ def export_checkpoint(src, dst, dtype=None, tolerance: float | None = None,
 
     import modeling_angpt  # noqa: F401  (registers the Auto classes)
 
-    from .card_angpt import read_card_info, write_model_card
     from .checkpoint_check import check_checkpoint
+    from .hub import read_card_info, save_pretrained, write_model_card
 
     src, dst = check_export_paths(src, dst, overwrite, tolerance)
     config, model_class = check_checkpoint(src)
@@ -123,7 +123,7 @@ def export_checkpoint(src, dst, dtype=None, tolerance: float | None = None,
         card_info = read_card_info(src)
         os.makedirs(partial)
         _copy_tokenizer(src, partial, folded)
-        folded.save_pretrained(partial, card_info=card_info)
+        save_pretrained(folded, partial, card_info=card_info)
         if os.path.isfile(os.path.join(src, "training_metadata.json")):  # `angpt eval` finds the held-out split
             shutil.copy2(os.path.join(src, "training_metadata.json"), os.path.join(partial, "training_metadata.json"))
         # again, now that it sees the tokenizer; the usage snippet names the directory by its own name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from modeling_angpt import AnGPTForCausalLM
+from modeling_angpt.hub import save_pretrained
 
 
 @torch.no_grad()
@@ -13,7 +14,7 @@ def save_source(path, tiny_config, architecture="angpt", **overrides):
     for param in model.parameters():
         if param.ndim == 1:
             param.mul_(1 + 0.3 * torch.randn_like(param))
-    model.save_pretrained(path, card_info={"datasets": ["shakespeare"], "train_tokens": 123456, "val_loss": 4.56})
+    save_pretrained(model, path, card_info={"datasets": ["shakespeare"], "train_tokens": 123456, "val_loss": 4.56})
     return model
 
 

@@ -56,7 +56,7 @@ def write_recipe(tmp_path, data_cache):
 
 
 def max_row_norm(model) -> float:
-    """Largest L2 norm of any row (last axis) of any matrix of the model (SPEC §1.3 constraint)."""
+    """Largest L2 norm of any row (last axis) of any matrix of the model (anGPT's row-ball constraint)."""
     return max(float(p.detach().norm(dim=-1).max()) for p in model.parameters() if p.ndim == 2)
 
 

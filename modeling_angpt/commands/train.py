@@ -6,8 +6,10 @@ run, non-finite loss) are printed as one line on stderr with exit status 2, inst
 from __future__ import annotations
 
 import argparse
-import re
+import dataclasses
+import json
 import sys
+import textwrap
 from pathlib import Path
 
 from . import CommandError
@@ -17,39 +19,30 @@ the file takes its default). The run writes into the recipe's output_dir, which 
 --resume continues the newest checkpoint there, --overwrite replaces a previous run there. Several processes:
 accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml -m modeling_angpt.cli train ..."""
 
-RECIPE_SOURCE = Path(__file__).resolve().parents[1] / "training" / "recipe.py"
-_FIELD = re.compile(r"^    (\w+): [^=]+?= (.+?)(?:\s+# (.*))?$")
+
+def _shown(value) -> str:
+    """A default as a recipe YAML would write it (strings quoted, lists and mappings in flow style)."""
+    if isinstance(value, (str, list, dict)):
+        return json.dumps(value)
+    return repr(value)
 
 
-def _default_text(text: str) -> str:
-    factory = re.fullmatch(r"field\(default_factory=(?:lambda: )?(.*)\)", text)
-    if factory:
-        return {"dict": "{}", "list": "[]"}.get(factory.group(1), factory.group(1))
-    return text
+def recipe_keys_help() -> str:
+    """Every recipe key with its default and meaning, from the Recipe dataclass's field definitions, then the values
+    each architecture gives to the optimiser keys a recipe leaves unset."""
+    from ..training.recipe import ARCHITECTURE_DEFAULTS, Recipe  # the standard library and PyYAML only
 
-
-def recipe_keys_help(source: Path = RECIPE_SOURCE) -> str:
-    """The recipe keys, their defaults and meanings, read from the comments of training/recipe.py's Recipe
-    (its source is the one place they are written; reading the text keeps `--help` free of imports)."""
-    lines, inside = ["recipe keys (default; meaning):"], False
-    for line in source.read_text(encoding="utf-8").splitlines():
-        if line.startswith("class Recipe"):
-            inside = True
-            continue
-        if not inside:
-            continue
-        if line.startswith("    def ") or re.match(r"^    [A-Z_]+ = ", line):
-            break
-        header = re.match(r"^    # --- (.*?) -+$", line)
-        if header:
-            lines.append(f"  {header.group(1)}:")
-            continue
-        field = _FIELD.match(line)
-        if field:
-            name, default, meaning = field.groups()
-            lines.append(f"    {name} ({_default_text(default)})" + (f": {meaning}" if meaning else ""))
-    lines.append("Optimiser keys left unset (None) take the architecture's values: GPT+ AdamW, weight decay 0.1, "
-                 "20 % warm-up; nGPT and anGPT Adam without either; all cosine to 0.01 x peak, clipping 1.0.")
+    lines = ["recipe keys (default; meaning):"]
+    for key in dataclasses.fields(Recipe):
+        if "section" in key.metadata:
+            lines.append(f"  {key.metadata['section']}:")
+        default = key.default if key.default_factory is dataclasses.MISSING else key.default_factory()
+        lines.append(f"    {key.name} ({_shown(default)}): {key.metadata['help']}")
+    lines.append("Optimiser keys left unset (None) take the architecture's values:")
+    for architecture, defaults in ARCHITECTURE_DEFAULTS.items():
+        values = " ".join(f"{Recipe.ARCHITECTURE_KEYS[name]}={value:g}" if isinstance(value, float) else
+                          f"{Recipe.ARCHITECTURE_KEYS[name]}={value}" for name, value in defaults.items())
+        lines.append(textwrap.fill(values, 110, initial_indent=f"  {architecture}: ", subsequent_indent="    "))
     return "\n".join(lines)
 
 

@@ -1,13 +1,15 @@
 """transformers.Trainer support: a callback that applies the architecture's weight constraint.
 
 Trainer (and TRL's trainers, which subclass it) knows nothing of nGPT's unit-norm or anGPT's row-ball
-constraint (SPEC §1.2/§1.3); without this callback anGPT rows drift above norm 1 and the ν constants
+constraint (docs/architectures.md); without this callback anGPT rows drift above norm 1 and the ν constants
 no longer describe the activations. Usage:
     Trainer(model=model, args=args, train_dataset=ds, callbacks=[WeightConstraintCallback()])
 """
 from __future__ import annotations
 
 from transformers import TrainerCallback
+
+from .distributed import apply_weight_constraints
 
 
 def _unwrap(model):
@@ -19,12 +21,12 @@ def _unwrap(model):
 
 class WeightConstraintCallback(TrainerCallback):
     """Project weights back onto the constraint set at the start and after every optimiser step.
-    On every rank (each replica applies the same projection, so DDP replicas stay identical)."""
+    On every rank (each replica applies the same projection, so DDP replicas stay identical; FSDP2 shards are
+    handled by training/distributed.py)."""
 
     def _apply(self, model) -> None:
-        model = _unwrap(model) if model is not None else None
-        if model is not None and hasattr(model, "apply_weight_constraints"):
-            model.apply_weight_constraints()
+        if model is not None:
+            apply_weight_constraints(_unwrap(model))
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._apply(model)

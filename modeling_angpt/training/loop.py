@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..hub import save_pretrained
 from . import checkpoint as ckpt
 from . import run_dir, run_lock
 from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
@@ -333,7 +334,7 @@ def save_final(accelerator, model, tokenizer, recipe: Recipe, state: dict, data_
         val = state["val_losses"][-1][1] if state["val_losses"] else None
         card_info = {"datasets": [data_info["dataset"]], "train_tokens": state["tokens"], "val_loss": val,
                      "repo_id": final.name}  # the card names the directory it ends up in, not the temp dir
-        raw.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True, card_info=card_info)
+        save_pretrained(raw, tmp, card_info=card_info, state_dict=state_dict, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         metadata = {"dataset": data_info["dataset"], "tokens_seen": state["tokens"], "steps": state["step"],
                     "final_val_loss": val, "final_train_loss": state["losses"][-1] if state["losses"] else None,

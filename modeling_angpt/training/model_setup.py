@@ -12,16 +12,14 @@ from pathlib import Path
 import torch
 
 from ..tokenization import set_pad_token_id
+from .distributed import apply_weight_constraints
+from .recipe import architecture_defaults_for
 
 REPO_PRESETS = Path(__file__).resolve().parents[2] / "configuration" / "presets"
-# Foreign models (e.g. a plain Llama) have no architecture strategy: train them with GPT+'s recipe (SPEC §1.1).
-FALLBACK_DEFAULTS = {"optimizer": "adamw", "weight_decay": 0.1, "warmup_ratio": 0.2, "adam_beta1": 0.9,
-                     "adam_beta2": 0.95, "adam_epsilon": 1e-9, "max_grad_norm": 1.0,
-                     "lr_scheduler_type": "cosine", "min_lr_ratio": 0.01}
 # anGPT has no exact norm on the residual stream: each MLP sublayer maps ‖h‖ = x to about (1 − α)x + α·c·x², an
 # unstable fixed point at 1 whose perturbation compounds over the depth, so the initial α·L decides whether the
-# first Adam steps blow up. Measured (bench/RESULTS.md, "Depth stability"): α·L ≤ 0.4 held at every width and depth
-# tried; 0.6 blew up angpt-190m and 24 layers at d = 256 at step 2–3, 1.2 overflowed.
+# first Adam steps blow up. Measured (experiments/width_depth_stability/README.md, depth): α·L ≤ 0.4 held at every
+# width and depth tried; 0.6 blew up angpt-190m and 24 layers at d = 256 at step 2–3, 1.2 overflowed.
 ALPHA_DEPTH_LIMIT = 0.4
 
 
@@ -109,8 +107,7 @@ def build_model(recipe, config, tokenizer):
         config.bos_token_id = tokenizer.bos_token_id
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     set_pad_token_id(model, tokenizer)  # batched generate() with the saved checkpoint needs no pad_token_id
-    if hasattr(model, "apply_weight_constraints"):
-        model.apply_weight_constraints()  # the constraint holds from step 0 (SPEC §1.2/§1.3)
+    apply_weight_constraints(model)  # the constraint holds from step 0 (docs/architectures.md)
     return model
 
 
@@ -130,12 +127,12 @@ def compile_blocks(model, mode: str | None = None, **options) -> int:
 
 
 def architecture_defaults(model) -> dict:
-    strategy = getattr(model, "architecture_strategy", None)
-    return dict(strategy.recipe_defaults) if strategy is not None else dict(FALLBACK_DEFAULTS)
+    """The optimiser keys the model's architecture fills (training/recipe.py, ARCHITECTURE_DEFAULTS)."""
+    return architecture_defaults_for(getattr(model, "config", None))
 
 
 def apply_constraints(model) -> None:
     """The weight constraint after an optimiser step: no-op for GPT+, unit norm for nGPT, row ball for
-    anGPT (SPEC §1). Call on the unwrapped model on every rank, so DDP replicas stay identical."""
-    if hasattr(model, "apply_weight_constraints"):
-        model.apply_weight_constraints()
+    anGPT (docs/architectures.md), also on FSDP2 shards. Call on the unwrapped model on every rank, so DDP
+    replicas stay identical."""
+    apply_weight_constraints(model)

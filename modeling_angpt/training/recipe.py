@@ -1,9 +1,13 @@
 """Training recipes: one dataclass of keys, loaded from YAML, overridden by `--override key=value`.
 
 Keys use transformers' `TrainingArguments` names wherever one exists (output_dir, learning_rate, ...), so
-a recipe reads the same to a Trainer user. Optimiser keys left unset (None) are filled from the model's
-architecture strategy (`model.architecture_strategy.recipe_defaults`, docs/architectures.md): GPT+ gets AdamW with
+a recipe reads the same to a Trainer user. Each key's default and meaning are written once, in its field
+definition below (`angpt train --help` lists them from there, commands/train.py). Optimiser keys left unset (None) are
+filled from the architecture's values (`ARCHITECTURE_DEFAULTS`, docs/architectures.md): GPT+ gets AdamW with
 weight decay and 20 % warm-up, nGPT/anGPT get Adam without either. Every error names the key.
+
+Imports only the standard library and PyYAML, so `angpt train --help` and the recipe checks of `angpt train` run
+before torch is imported.
 """
 from __future__ import annotations
 
@@ -18,67 +22,105 @@ import yaml
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+# The optimiser keys each architecture fills when a recipe leaves them unset (Recipe.with_architecture_defaults;
+# docs/architectures.md): GPT+ as the papers train it, nGPT and anGPT with plain Adam, no decay and no warm-up.
+_GPTPLUS = dict(optimizer="adamw", weight_decay=0.1, warmup_ratio=0.2, adam_beta1=0.9, adam_beta2=0.95,
+                adam_epsilon=1e-9, max_grad_norm=1.0, lr_scheduler_type="cosine", min_lr_ratio=0.01)
+_NGPT = dict(optimizer="adam", weight_decay=0.0, warmup_ratio=0.0, adam_beta1=0.9, adam_beta2=0.95,
+             adam_epsilon=1e-9, max_grad_norm=1.0, lr_scheduler_type="cosine", min_lr_ratio=0.01)
+ARCHITECTURE_DEFAULTS = {
+    "gptplus": _GPTPLUS,
+    "ngpt": _NGPT,
+    # The width rule: without exact norms, a matrix's first Adam steps (sign-like, low rank) grow its spectral
+    # norm by ~lr·width while its rows stay in the unit ball, and ‖h‖ follows; μP's 1/width rate on matrices keeps
+    # that step constant, so the rate tuned at d=128 holds at every width (training/optim.py; the evidence:
+    # experiments/width_depth_stability/README.md).
+    "angpt": {**_NGPT, "lr_width_rule": "inverse_width", "lr_base_width": 128},
+}
+# Models of other libraries (a plain Llama, ...) have no architecture of ours: they train with GPT+'s values.
+FALLBACK_DEFAULTS = dict(_GPTPLUS)
+
+
+def architecture_defaults_for(config) -> dict:
+    """The optimiser keys for a model config: its architecture's (`ARCHITECTURE_DEFAULTS`), or FALLBACK_DEFAULTS
+    for a config that is not this library's."""
+    if getattr(config, "model_type", None) == "angpt":
+        return dict(ARCHITECTURE_DEFAULTS[config.architecture])
+    return dict(FALLBACK_DEFAULTS)
+
+
+def _key(default=dataclasses.MISSING, help: str = "", *, factory=dataclasses.MISSING, section: str | None = None):
+    """A recipe key: its default (or default `factory`) and its one-line meaning; `section` starts a group of keys
+    in `angpt train --help`."""
+    metadata = {"help": help} if section is None else {"help": help, "section": section}
+    return field(default=default, default_factory=factory, metadata=metadata)
+
 
 @dataclass
 class Recipe:
-    # --- model -------------------------------------------------------------------------------
-    model: str = "angpt-tiny"              # preset name (configuration/presets/NAME.json) or a config JSON path
-    architecture: str | None = None        # overrides the preset's architecture: angpt | ngpt | gptplus
-    model_kwargs: dict = field(default_factory=dict)  # any other AnGPTConfig field (attention variants, ...)
-    init_from: str | None = None           # a training-form checkpoint to start from (folded ones are refused)
-    # --- data --------------------------------------------------------------------------------
-    dataset: str = "shakespeare"           # "shakespeare", local file(s)/dir, or a Hub dataset name
-    dataset_config: str | None = None      # Hub configuration name
-    dataset_split: str = "train"           # Hub split to read
-    text_column: str = "text"              # column holding the text (JSON/CSV/parquet/Hub)
-    streaming: bool = False                # stream (Hub-scale corpora): tokenise and pack on the fly
-    max_corpus_chars: int | None = None    # use only the first N characters (quick runs, tests)
-    block_size: int = 256                  # tokens per training sequence (<= the model's max_position_embeddings)
-    validation_fraction: float = 0.05      # share of the blocks held out for validation
-    validation_blocks: int = 64            # streaming only: the first N blocks of the stream are held out
-    data_seed: int = 1234                  # fixes the train/validation split independently of `seed`
-    tokenizer: str | None = None           # HF tokenizer name/path; None trains a byte-level BPE
-    tokenizer_vocab_size: int = 8192       # vocabulary of the trained BPE (tokenizer: None)
-    tokenizer_split_digits: bool = False   # trained BPE: every digit its own token, as Llama's and Qwen's tokenizers
-    data_cache_dir: str | None = None      # where tokenizer + packed blocks are cached
-    dataset_kind: str = "blocks"           # blocks: next-token loss on packed text; needle: needle-in-a-haystack
-                                           # examples over the corpus, loss on the answer tokens only
-    needle_examples: int = 10000           # needle: training examples (validation: validation_fraction of it)
-    # --- transformers.TrainingArguments names --------------------------------------------------
-    output_dir: str = "runs/default"       # the run's directory: checkpoints/, final/, metrics (one run each)
-    seed: int = 42                         # initial weights and batch order
-    max_steps: int = 1000                  # optimiser steps; may change on --resume
-    per_device_train_batch_size: int = 16  # sequences per process per micro-batch
-    per_device_eval_batch_size: int = 16   # sequences per process per validation batch
-    gradient_accumulation_steps: int = 1   # micro-batches per optimiser step
-    learning_rate: float = 1e-3            # peak learning rate
-    weight_decay: float | None = None      # decoupled, matrices only (GPT+: 0.1, nGPT/anGPT: 0)
-    warmup_ratio: float | None = None      # share of max_steps with linear warm-up (GPT+: 0.2, others: 0)
-    lr_scheduler_type: str | None = None   # cosine | linear | constant
-    adam_beta1: float | None = None        # Adam β1 (0.9)
-    adam_beta2: float | None = None        # Adam β2 (0.95)
-    adam_epsilon: float | None = None      # Adam ε (1e-9)
-    max_grad_norm: float | None = None     # gradient clipping (1.0)
-    optim: str | None = None               # adamw (Adam when weight_decay == 0)
-    bf16: bool = False                     # bfloat16 autocast (CPU and GPU)
-    gradient_checkpointing: bool = False   # recompute activations in backward (less memory)
-    torch_compile: bool = False            # compile each decoder block (regional: warm-up does not grow with depth)
-    torch_compile_mode: str | None = None  # torch.compile mode: default | reduce-overhead | max-autotune | ...
-    logging_steps: int = 10                # log loss, learning rate, tokens/s, MFU every N steps
-    eval_steps: int = 100                  # validation loss every N steps and at the end; 0 = never
-    save_steps: int = 500                  # checkpoint every N steps (and at the end); 0 = only at the end
-    save_total_limit: int | None = 2       # keep the newest N checkpoints; None or 0 keeps all
-    report_to: list = field(default_factory=lambda: ["tensorboard", "jsonl"])  # tensorboard, jsonl, none
-    disable_tqdm: bool = False             # no progress bar
-    dataloader_num_workers: int = 0        # DataLoader worker processes
-    # --- not in TrainingArguments ------------------------------------------------------------
-    min_lr_ratio: float | None = None      # cosine floor as a fraction of the peak (the papers: 0.01)
-    eval_max_batches: int | None = None    # cap validation cost on big corpora
-    peak_flops: float | None = None        # per device, for MFU; None = measured once per device and cached
-    lr_width_rule: str | None = None       # none | inverse_width: matrices' lr × min(1, lr_base_width/hidden_size)
-    lr_base_width: int | None = None       # the width learning_rate is tuned at (anGPT default 128)
+    """The keys of a training run, each with its default and its meaning (`help`, listed by `angpt train --help`)."""
 
-    # Keys the architecture strategy may fill (recipe_defaults name -> recipe key).
+    model: str = _key("angpt-tiny", "preset name (configuration/presets/NAME.json) or a config JSON path",
+                      section="model")
+    architecture: str | None = _key(None, "overrides the preset's architecture: angpt | ngpt | gptplus")
+    model_kwargs: dict = _key(help="any other AnGPTConfig field (attention variants, ...)", factory=dict)
+    init_from: str | None = _key(None, "a training-form checkpoint to start from (folded ones are refused)")
+
+    dataset: str = _key("shakespeare", '"shakespeare", local file(s)/dir, or a Hub dataset name', section="data")
+    dataset_config: str | None = _key(None, "Hub configuration name")
+    dataset_split: str = _key("train", "Hub split to read")
+    text_column: str = _key("text", "column holding the text (JSON/CSV/parquet/Hub)")
+    streaming: bool = _key(False, "stream (Hub-scale corpora): tokenise and pack on the fly")
+    max_corpus_chars: int | None = _key(None, "use only the first N characters (quick runs, tests)")
+    block_size: int = _key(256, "tokens per training sequence (<= the model's max_position_embeddings)")
+    validation_fraction: float = _key(0.05, "share of the blocks held out for validation")
+    validation_blocks: int = _key(64, "streaming only: the first N blocks of the stream are held out")
+    data_seed: int = _key(1234, "fixes the train/validation split independently of `seed`")
+    tokenizer: str | None = _key(None, "HF tokenizer name/path; None trains a byte-level BPE")
+    tokenizer_vocab_size: int = _key(8192, "vocabulary of the trained BPE (tokenizer: None)")
+    tokenizer_split_digits: bool = _key(False,
+                                        "trained BPE: every digit its own token, as Llama's and Qwen's tokenizers")
+    data_cache_dir: str | None = _key(None, "where tokenizer + packed blocks are cached")
+    dataset_kind: str = _key("blocks", "blocks: next-token loss on packed text; needle: needle-in-a-haystack "
+                                       "examples over the corpus, loss on the answer tokens only")
+    needle_examples: int = _key(10000, "needle: training examples (validation: validation_fraction of it)")
+
+    output_dir: str = _key("runs/default", "the run's directory: checkpoints/, final/, metrics (one run each)",
+                           section="transformers.TrainingArguments names")
+    seed: int = _key(42, "initial weights and batch order")
+    max_steps: int = _key(1000, "optimiser steps; may change on --resume")
+    per_device_train_batch_size: int = _key(16, "sequences per process per micro-batch")
+    per_device_eval_batch_size: int = _key(16, "sequences per process per validation batch")
+    gradient_accumulation_steps: int = _key(1, "micro-batches per optimiser step")
+    learning_rate: float = _key(1e-3, "peak learning rate")
+    weight_decay: float | None = _key(None, "decoupled, matrices only (GPT+: 0.1, nGPT/anGPT: 0)")
+    warmup_ratio: float | None = _key(None, "share of max_steps with linear warm-up (GPT+: 0.2, others: 0)")
+    lr_scheduler_type: str | None = _key(None, "cosine | linear | constant")
+    adam_beta1: float | None = _key(None, "Adam β1 (0.9)")
+    adam_beta2: float | None = _key(None, "Adam β2 (0.95)")
+    adam_epsilon: float | None = _key(None, "Adam ε (1e-9)")
+    max_grad_norm: float | None = _key(None, "gradient clipping (1.0)")
+    optim: str | None = _key(None, "adamw (Adam when weight_decay == 0)")
+    bf16: bool = _key(False, "bfloat16 autocast (CPU and GPU)")
+    gradient_checkpointing: bool = _key(False, "recompute activations in backward (less memory)")
+    torch_compile: bool = _key(False, "compile each decoder block (regional: warm-up does not grow with depth)")
+    torch_compile_mode: str | None = _key(None, "torch.compile mode: default | reduce-overhead | max-autotune | ...")
+    logging_steps: int = _key(10, "log loss, learning rate, tokens/s, MFU every N steps")
+    eval_steps: int = _key(100, "validation loss every N steps and at the end; 0 = never")
+    save_steps: int = _key(500, "checkpoint every N steps (and at the end); 0 = only at the end")
+    save_total_limit: int | None = _key(2, "keep the newest N checkpoints; None or 0 keeps all")
+    report_to: list = _key(help="tensorboard, jsonl, none", factory=lambda: ["tensorboard", "jsonl"])
+    disable_tqdm: bool = _key(False, "no progress bar")
+    dataloader_num_workers: int = _key(0, "DataLoader worker processes")
+
+    min_lr_ratio: float | None = _key(None, "cosine floor as a fraction of the peak (the papers: 0.01)",
+                                      section="not in TrainingArguments")
+    eval_max_batches: int | None = _key(None, "cap validation cost on big corpora")
+    peak_flops: float | None = _key(None, "per device, for MFU; None = measured once per device and cached")
+    lr_width_rule: str | None = _key(None, "none | inverse_width: matrices' lr × min(1, lr_base_width/hidden_size)")
+    lr_base_width: int | None = _key(None, "the width learning_rate is tuned at (anGPT default 128)")
+
+    # Keys the architecture may fill (ARCHITECTURE_DEFAULTS name -> recipe key).
     ARCHITECTURE_KEYS = {"optimizer": "optim", "weight_decay": "weight_decay", "warmup_ratio": "warmup_ratio",
                          "adam_beta1": "adam_beta1", "adam_beta2": "adam_beta2",
                          "adam_epsilon": "adam_epsilon", "max_grad_norm": "max_grad_norm",

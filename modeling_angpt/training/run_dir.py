@@ -57,14 +57,9 @@ def _shown(names: list[str], limit: int = 4) -> str:
 
 def filled_recipe(recipe, config) -> dict:
     """The recipe as a run records it: optimiser keys left unset take the architecture's values."""
-    from .model_setup import FALLBACK_DEFAULTS
+    from .recipe import architecture_defaults_for
 
-    defaults = FALLBACK_DEFAULTS
-    if getattr(config, "model_type", None) == "angpt":
-        from ..architectures_angpt import get_architecture
-
-        defaults = get_architecture(config).recipe_defaults
-    return recipe.with_architecture_defaults(dict(defaults)).to_dict()
+    return recipe.with_architecture_defaults(architecture_defaults_for(config)).to_dict()
 
 
 def _as_json(values: dict) -> dict:

@@ -74,13 +74,18 @@ def test_help_is_fast_complete_and_imports_nothing_heavy():
     out = proc.stdout
     assert out.startswith("usage: angpt") and "Train, export, evaluate and sample" in out
     assert "thin dispatcher" not in out       # no internal docstring in the user's help
-    # train --help lists every recipe key with its meaning (from training/recipe.py)
-    from modeling_angpt.training.recipe import Recipe
+    # train --help lists every recipe key with its default and meaning, from the Recipe's field definitions
+    from modeling_angpt.training.recipe import ARCHITECTURE_DEFAULTS, Recipe
     import dataclasses
     for field in dataclasses.fields(Recipe):
-        assert re.search(rf"^    {field.name} \(", out, re.M), field.name
-    assert "learning_rate (1e-3): peak learning rate" in out
+        assert f"    {field.name} (" in out and field.metadata["help"] in out, field.name
+    assert "learning_rate (0.001): peak learning rate" in out
     assert "eval_steps (100): validation loss every N steps and at the end; 0 = never" in out
+    assert 'report_to (["tensorboard", "jsonl"]): tensorboard, jsonl, none' in out
+    assert "  data:\n    dataset (\"shakespeare\"):" in out
+    for architecture in ARCHITECTURE_DEFAULTS:   # the values unset optimiser keys take
+        assert re.search(rf"^  {architecture}: optim=adamw? ", out, re.M), architecture
+    assert "lr_width_rule=inverse_width lr_base_width=128" in out
 
 
 @pytest.mark.parametrize("command", ["train", "export", "generate"])

@@ -1,4 +1,4 @@
-"""push_to_hub against a fake Hub that copies each upload into a local folder (research/hf-ecosystem.md §1).
+"""modeling_angpt.hub.push_to_hub against a fake Hub that copies each upload into a local folder.
 
 The fake stands in for huggingface_hub.HfApi: push_to_hub may call only its public create_repo, create_branch and
 create_commit (any other method, e.g. transformers' private upload helpers, fails on the fake)."""
@@ -15,6 +15,7 @@ import huggingface_hub
 from transformers import AutoModelForCausalLM
 
 from modeling_angpt import AnGPTForCausalLM
+from modeling_angpt.hub import push_to_hub
 
 
 class FakeHub:
@@ -44,11 +45,17 @@ def test_push_to_hub(tmp_path, tiny_config, folded):
     if folded:
         model = model.fold()
     with mock.patch.object(huggingface_hub, "HfApi", lambda **kwargs: hub):
-        model.push_to_hub("someone/tiny-angpt", card_info={"val_loss": 3.5, "datasets": ["shakespeare"]})
+        push_to_hub(model, "someone/tiny-angpt", card_info={"val_loss": 3.5, "datasets": ["shakespeare"]})
     repo = tmp_path / "hub" / "someone" / "tiny-angpt"
     files = {p.name for p in repo.iterdir()}
-    assert {"config.json", "model.safetensors", "README.md", "modeling_angpt.py", "folding_angpt.py",
-            "card_angpt.py", "configuration_angpt.py"} <= files
+    assert {"config.json", "model.safetensors", "README.md"} <= files
+    # The remote code is what transformers' save_pretrained copies (the model files and their relative imports),
+    # nothing of the library around them: no card or upload code, no training or evaluation.
+    model.save_pretrained(tmp_path / "plain")
+    model_files = {p.name for p in (tmp_path / "plain").glob("*.py")}
+    assert {"modeling_angpt.py", "configuration_angpt.py", "folding_angpt.py"} <= model_files
+    assert {p for p in files if p.endswith(".py")} == model_files
+    assert not {"hub.py", "card_angpt.py", "export.py", "cli.py"} & files
     card = (repo / "README.md").read_text()
     assert "library_name: transformers" in card and "someone/tiny-angpt" in card and "validation loss" in card
     assert ("folded: true" in card) == folded

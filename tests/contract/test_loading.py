@@ -104,10 +104,10 @@ def test_model_card_states_exactly_what_loads(tmp_path):
     """Issue 10.9/11.5: the package being installed does not register the Auto classes (transformers has no plugin
     mechanism for model types); `import modeling_angpt` does, and trust_remote_code=True always works
     (test_remote_code.py). The card says exactly that, and a fresh interpreter shows each clause."""
-    from modeling_angpt.card_angpt import LOADING_NOTE
+    from modeling_angpt.hub import LOADING_NOTE, save_pretrained
 
     checkpoint = tmp_path / "checkpoint"  # the child's working directory must not hold the saved modeling_angpt.py
-    causal_lm("angpt").save_pretrained(checkpoint)
+    save_pretrained(causal_lm("angpt"), checkpoint)
     card = (checkpoint / "README.md").read_text()
     assert LOADING_NOTE in card and "find it without remote code" not in card
     assert "`import modeling_angpt`" in LOADING_NOTE and "`trust_remote_code=True`" in LOADING_NOTE

@@ -1,4 +1,4 @@
-"""transformers.Trainer + WeightConstraintCallback keeps anGPT's rows in the unit ball (SPEC §1.3)."""
+"""transformers.Trainer + WeightConstraintCallback keeps anGPT's rows in the unit ball (docs/architectures.md)."""
 import torch
 from training_fixtures import max_row_norm, single_thread  # noqa: F401 (fixture)
 from transformers import Trainer, TrainerCallback, TrainingArguments

@@ -7,8 +7,10 @@ import yaml
 from training_fixtures import REPO
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from modeling_angpt.training.model_setup import architecture_defaults
 from modeling_angpt.training.optim import build_optimizer, build_scheduler, lr_multiplier
-from modeling_angpt.training.recipe import apply_overrides, load_recipe, recipe_from_dict
+from modeling_angpt.training.recipe import (ARCHITECTURE_DEFAULTS, FALLBACK_DEFAULTS, apply_overrides, load_recipe,
+                                            recipe_from_dict)
 
 
 def test_overrides_coerce_to_the_declared_types(tmp_path):
@@ -43,19 +45,30 @@ def _tiny(architecture):
 
 
 def test_architecture_fills_unset_optimiser_keys_and_recipe_wins():
-    plus = recipe_from_dict({"max_steps": 100}).with_architecture_defaults(
-        _tiny("gptplus").architecture_strategy.recipe_defaults)
-    assert (plus.weight_decay, plus.warmup_ratio, plus.min_lr_ratio) == (0.1, 0.2, 0.01)   # SPEC §1.1
+    plus = recipe_from_dict({"max_steps": 100}).with_architecture_defaults(architecture_defaults(_tiny("gptplus")))
+    assert (plus.optim, plus.weight_decay, plus.warmup_ratio, plus.min_lr_ratio) == ("adamw", 0.1, 0.2, 0.01)
+    assert plus.lr_width_rule is None
     angpt = recipe_from_dict({"max_steps": 100, "warmup_ratio": 0.05}).with_architecture_defaults(
-        _tiny("angpt").architecture_strategy.recipe_defaults)
-    assert angpt.weight_decay == 0.0 and angpt.warmup_ratio == 0.05                        # SPEC §1.3 + override
+        architecture_defaults(_tiny("angpt")))
+    assert angpt.optim == "adam" and angpt.weight_decay == 0.0 and angpt.warmup_ratio == 0.05  # the recipe wins
     assert (angpt.adam_beta1, angpt.adam_beta2, angpt.adam_epsilon) == (0.9, 0.95, 1e-9)
+    assert (angpt.lr_width_rule, angpt.lr_base_width) == ("inverse_width", 128)
+    ngpt = recipe_from_dict({}).with_architecture_defaults(architecture_defaults(_tiny("ngpt")))
+    assert (ngpt.optim, ngpt.weight_decay, ngpt.warmup_ratio, ngpt.lr_width_rule) == ("adam", 0.0, 0.0, None)
+
+
+def test_a_model_of_another_library_trains_with_the_fallback_defaults():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    assert architecture_defaults(llama) == FALLBACK_DEFAULTS == ARCHITECTURE_DEFAULTS["gptplus"]
 
 
 def test_gptplus_decays_matrices_only_and_schedule_matches_spec():
     model = _tiny("gptplus")
     recipe = recipe_from_dict({"max_steps": 100, "learning_rate": 1.0}).with_architecture_defaults(
-        model.architecture_strategy.recipe_defaults)
+        architecture_defaults(model))
     optimizer = build_optimizer(model, recipe)
     for group in optimizer.param_groups:
         assert all(p.ndim >= 2 for p in group["params"]) or group["weight_decay"] == 0.0

@@ -17,7 +17,7 @@ def test_sixty_steps_lower_validation_loss(architecture, write_recipe, tmp_path)
     assert steps == (0, 30, 60) and result.step == 60
     assert vals[-1] < vals[0] - 0.5, f"{architecture}: validation loss {vals[0]:.3f} -> {vals[-1]:.3f}"
     if architecture == "angpt":
-        assert max_row_norm(result.model) <= 1 + 1e-5   # SPEC §1.3 row-ball constraint held to the end
+        assert max_row_norm(result.model) <= 1 + 1e-5   # anGPT's row-ball constraint held to the end
 
     # What the run leaves behind: final model + tokenizer that the Auto classes reload, metadata, metrics.
     from transformers import AutoModelForCausalLM, AutoTokenizer

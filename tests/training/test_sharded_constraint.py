@@ -1,6 +1,7 @@
 """The weight constraint on FSDP2 shards (two gloo processes, no training): after `fully_shard` every matrix is a
-DTensor holding a block of rows per rank; the constraint must give exactly what it gives to the whole matrix,
-including nGPT's column norms of o_proj/down_proj, which sum over both ranks' rows (tests/test_fsdp2.py trains)."""
+DTensor holding a block of rows per rank; training.distributed.apply_weight_constraints must give exactly what the
+model's own constraint gives to the whole matrix, including nGPT's column norms of o_proj/down_proj, which sum over
+both ranks' rows (test_fsdp2.py trains)."""
 import os
 
 import torch
@@ -15,6 +16,7 @@ def _worker(rank: int, port: int, results) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+    from modeling_angpt.training.distributed import apply_weight_constraints
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
@@ -35,7 +37,7 @@ def _worker(rank: int, port: int, results) -> None:
         for layer in model.model.layers:
             fully_shard(layer, mesh=mesh)
         fully_shard(model, mesh=mesh)
-        model.apply_weight_constraints()
+        apply_weight_constraints(model)
         for name, param in model.state_dict().items():
             gathered = param.full_tensor() if type(param).__name__ == "DTensor" else param
             error = float((gathered - reference.state_dict()[name]).abs().max())

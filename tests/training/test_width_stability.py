@@ -1,4 +1,4 @@
-"""anGPT trains stably at width with its recipe defaults (issue 12 item 1; bench/width_stability.py has the sweep).
+"""anGPT trains stably at width with its recipe defaults (issue 12 item 1; experiments/width_depth_stability/ has the sweep).
 
 The first steps at a constant learning rate are where a wide anGPT diverged: Adam's first sign-like steps grow a
 matrix's spectral norm by about lr·width while its rows stay in the unit ball, and with no exact norm on the stream
@@ -81,7 +81,8 @@ def _logit_scale_run(speed: float | None, steps: int = 14) -> tuple[list[float],
 def test_fast_logit_scale_keeps_the_stream_normalised_and_the_loss_below_its_start():
     """anGPT's default s_z speed (256) lets s_z supply the logit temperature, so the stream stays approximately
     normalised (‖h‖ ≈ 1-3) and the loss never rises; with nGPT's slower s_z (speed √d = 16 here) the last block
-    lengthens h instead (‖h‖ > 10) and the loss overshoots (bench/RESULTS.md, width stability: 1.88× at 200 steps)."""
+    lengthens h instead (‖h‖ > 10) and the loss overshoots (1.88× at 200 steps,
+    experiments/width_depth_stability/README.md)."""
     assert AnGPTConfig(architecture="angpt").logit_scale_speed == 256
     assert AnGPTConfig(architecture="ngpt", hidden_size=256).logit_scale_speed == 16
     losses, norms = _logit_scale_run(None)
@@ -93,11 +94,12 @@ def test_fast_logit_scale_keeps_the_stream_normalised_and_the_loss_below_its_sta
 DEEP = {"hidden_size": 256, "num_hidden_layers": 24}  # narrow and deep: the depth effect alone, in seconds
 
 
-def test_deep_angpt_blows_up_with_specs_alpha_and_trains_with_the_presets_depth_rule():
-    """Depth is the third cause (bench/RESULTS.md, "Depth"): with no exact norm, each MLP sublayer maps ‖h‖ = x to
-    about (1 − α)x + α·c·x², so a perturbation of the first steps compounds over the 2L sublayers and α·L decides.
-    SPEC's α init 0.05 at 24 layers (α·L = 1.2) blows up within three steps even at d = 256; the presets' rule for
-    deep models, α init = 0.12/L, trains smoothly with the same data, seed and recipe."""
+def test_deep_angpt_blows_up_with_the_default_alpha_and_trains_with_the_presets_depth_rule():
+    """Depth is the third cause (experiments/width_depth_stability/README.md): with no exact norm, each MLP sublayer
+    maps ‖h‖ = x to about (1 − α)x + α·c·x², so a perturbation of the first steps compounds over the 2L sublayers and
+    α·L decides. The config's default α init 0.05 at 24 layers (α·L = 1.2) blows up within three steps even at
+    d = 256; the presets' rule for deep models, α init = 0.12/L, trains smoothly with the same data, seed and
+    recipe."""
     blown, _ = _train(steps=4, alpha_init=0.05, **DEEP)
     assert not all(math.isfinite(x) for x in blown) or max(blown) > 1.5 * blown[0], blown
     losses, norms = _train(steps=8, alpha_init=0.12 / DEEP["num_hidden_layers"], **DEEP)
@@ -115,7 +117,7 @@ def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
         config = AnGPTConfig(**{k: v for k, v in values.items() if k != "model_type"})
         assert config.alpha_init * config.num_hidden_layers <= ALPHA_DEPTH_LIMIT + 1e-9, path.name
         assert alpha_depth_warning(config) is None, path.name
-    deep = AnGPTConfig(architecture="angpt", num_hidden_layers=24)  # SPEC's α init 0.05
+    deep = AnGPTConfig(architecture="angpt", num_hidden_layers=24)  # the config's default α init 0.05
     assert "alpha_init" in alpha_depth_warning(deep) and "24 layers" in alpha_depth_warning(deep)
     just_over = AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=0.0167)  # 0.4008
     message = alpha_depth_warning(just_over)
