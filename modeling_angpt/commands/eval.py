@@ -3,10 +3,16 @@
 A thin layer over modeling_angpt.evaluation (lm_eval.simple_evaluate on an HFLM built on the loaded model,
 and the project's own suites). Bad input (unknown task or suite, unreachable data, not a checkpoint, bad
 numbers, an existing result file) is one line on stderr with exit status 2, checked before the model loads.
+
+The options are the fields of modeling_angpt.evaluation.EvalOptions. Those that lm-eval also has keep lm-eval's
+names on purpose (--output-path, --num-fewshot, --batch-size, --limit, --log-samples, --bootstrap-iters,
+--include-path), so an lm-eval command line carries over; the output directory is therefore --output-path here,
+where the other commands say --output-dir.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 SUITE_HELP = ("offline: lm-eval group angpt_offline (cloze, last word, rolling perplexity on local held-out "
@@ -39,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", help="auto (the checkpoint's), float32, bfloat16 or float16")
     parser.add_argument("--output-path", default=None, metavar="DIR",
                         help="directory for results.json and results.md (default eval_results/<checkpoint>/"
-                             "<UTC time>); an existing result file is never overwritten")
+                             "<UTC time>); an existing result file is never overwritten. Named after lm-eval's "
+                             "--output_path on purpose, like the other lm-eval options here (other angpt commands "
+                             "say --output-dir)")
     parser.add_argument("--include-path", action="append", default=None, metavar="DIR",
                         help="extra directory of lm-eval task YAMLs (eval/tasks is always included)")
     parser.add_argument("--lengths", default=None, metavar="M1,M2,...",
@@ -50,14 +58,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-seed", default=None, metavar="N", help="offline tasks: data seed (default 1234)")
 
 
+def eval_options(args: argparse.Namespace):
+    """The EvalOptions of the command line: every option of `add_arguments` is a field of the same name (the numbers
+    as given, text; EvalOptions.normalized parses and checks them)."""
+    from ..evaluation.options import EvalOptions
+
+    return EvalOptions(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvalOptions)
+                          if hasattr(args, f.name)})
+
+
 def run(args: argparse.Namespace) -> int:
     from ..evaluation.report import markdown_table
     from ..evaluation.runner import EvalInputError, execute, prepare, quiet_lm_eval_logging
 
-    options = argparse.Namespace(**{k: v for k, v in vars(args).items()
-                                    if k not in ("checkpoint", "command") and not k.startswith("_")})
     try:
-        plan = prepare(args.checkpoint, options)
+        plan = prepare(args.checkpoint, eval_options(args))
     except EvalInputError as error:
         print(f"angpt eval: {error}", file=sys.stderr)
         return 2

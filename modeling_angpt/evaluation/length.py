@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .long_context import (batch_size_of, held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for,
                            suite_lengths)
+from .options import EvalOptions
 
 DEFAULT_MULTIPLES = (1, 2, 4, 8, 16)
 LOGIT_BUDGET = 2 ** 24  # elements of one slice of logits [b, positions, V]
@@ -207,7 +208,7 @@ def write_artifacts(report: LengthReport, output_dir: Path, title: str = "") -> 
     return paths
 
 
-def preflight(checkpoint: Path, options) -> None:
+def preflight(checkpoint: Path, options: EvalOptions) -> None:
     """Checks that need no weights (the front door calls it before loading the model): ValueError, one line."""
     suite_lengths(Path(checkpoint), options, DEFAULT_MULTIPLES)
 
@@ -226,20 +227,21 @@ def contiguous_blocks(path: Path, tokenizer, train_length: int) -> tuple[np.ndar
     return ids[:count * train_length].reshape(count, train_length), f"{path} ({count} consecutive blocks of {train_length})"
 
 
-def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
+def run_suite(model, tokenizer, checkpoint: Path, options: EvalOptions,
+              output_dir: Path) -> dict[str, dict[str, float]]:
     """`angpt eval CHECKPOINT --suite length`: options.lengths (multiples; default 1,2,4,8,16), batch_size, limit
     (number of longest windows, or a fraction of them), optional train_length; artifacts into output_dir."""
     checkpoint = Path(checkpoint)
     train_length, multiples = suite_lengths(checkpoint, options, DEFAULT_MULTIPLES, model.config)
-    corpus = getattr(options, "corpus", None)
+    corpus = options.corpus
     if corpus and Path(corpus).suffix not in (".yaml", ".yml"):
         blocks, source = contiguous_blocks(Path(corpus), tokenizer, train_length)
     else:
         blocks, source = held_out_blocks(checkpoint, train_length)
     available = blocks.size // (multiples[-1] * train_length)
     report = length_generalisation(model, blocks, train_length, multiples,
-                                   windows=limit_count(getattr(options, "limit", None), max(available, 1)),
-                                   batch_size=batch_size_of(options),
-                                   query_chunk_size=getattr(options, "query_chunk_size", None), source=source)
+                                   windows=limit_count(options.limit, max(available, 1)),
+                                   batch_size=batch_size_of(options), query_chunk_size=options.query_chunk_size,
+                                   source=source)
     write_artifacts(report, output_dir, title=f"{checkpoint.name}: loss against position")
     return report.metrics()

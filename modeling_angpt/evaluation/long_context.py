@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .options import EvalOptions
+
 MAX_EXACT_POSITIONS = 2 ** 24  # float32 integers are exact up to here (RoPE angles are position × inv_freq)
 SCORE_BUDGET = 2 ** 24         # elements of one query chunk's score tensor [b, h, C, T] (64 MiB in float32)
 
@@ -84,7 +86,8 @@ def check_lengths(config, train_length: int, multiples: list[int], where) -> Non
                              f"({where})")
 
 
-def suite_lengths(checkpoint: Path, options, default: tuple[int, ...], config=None) -> tuple[int, list[int]]:
+def suite_lengths(checkpoint: Path, options: EvalOptions, default: tuple[int, ...],
+                  config=None) -> tuple[int, list[int]]:
     """(training length, multiples) of a suite run, checked (`check_lengths`); without `config` it is read from
     the checkpoint, so the front door can refuse bad input before it loads the weights."""
     if config is None:
@@ -93,8 +96,8 @@ def suite_lengths(checkpoint: Path, options, default: tuple[int, ...], config=No
         from .. import AnGPTConfig  # noqa: F401  (registers model_type "angpt")
 
         config = AutoConfig.from_pretrained(checkpoint)
-    train_length = training_length(checkpoint, getattr(options, "train_length", None))
-    multiples = resolve_multiples(getattr(options, "lengths", None), default)
+    train_length = training_length(checkpoint, options.train_length)
+    multiples = resolve_multiples(options.lengths, default)
     check_lengths(config, train_length, multiples, checkpoint)
     return train_length, multiples
 
@@ -119,9 +122,9 @@ def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, st
     return np.asarray(val.blocks), f"validation split of {info['dataset']} ({len(val.blocks)} blocks of {train_length})"
 
 
-def batch_size_of(options, default: int = 1) -> int:
+def batch_size_of(options: EvalOptions, default: int = 1) -> int:
     """options.batch_size as an int (lm-eval's 'auto' and None give `default`)."""
-    value = str(getattr(options, "batch_size", None) or default)
+    value = str(options.batch_size or default)
     return int(value) if value.isdigit() and int(value) > 0 else default
 
 

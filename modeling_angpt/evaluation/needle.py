@@ -1,8 +1,9 @@
-"""Needle retrieval of a checkpoint (SPEC §4.2): greedy generation with the KV cache on needle examples
-(needle_task.py) built from the checkpoint's held-out text, at 1×, 4× and 16× its training length by default.
+"""Needle retrieval of a checkpoint (docs/evaluation.md, "Needle in a haystack"): greedy generation with the KV cache
+on needle examples (tasks/needle.py) built from the checkpoint's held-out text, at 1×, 4× and 16× its training
+length by default.
 
 The prefill runs on the chunked eager attention (no T×T tensor per head), decoding on the same path with one query
-per step. Greedy decoding stops at the first newline or after needle_task.MAX_NEW_TOKENS tokens, as the lm-eval
+per step. Greedy decoding stops at the first newline or after tasks.needle.MAX_NEW_TOKENS tokens, as the lm-eval
 task `angpt_needle` does (eval/tasks/angpt_needle), so both report the same answers for the same examples.
 """
 from __future__ import annotations
@@ -12,9 +13,10 @@ from pathlib import Path
 
 import torch
 
+from ..tasks.needle import MAX_NEW_TOKENS, NeedleGenerator, check_room, filler_from_blocks, score_answer
 from .long_context import (held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for, suite_lengths,
                            training_length)
-from .needle_task import MAX_NEW_TOKENS, NeedleGenerator, check_room, filler_from_blocks, score_answer
+from .options import EvalOptions
 
 DEFAULT_MULTIPLES = (1, 4, 16)
 DEFAULT_EXAMPLES = 50  # per length
@@ -79,7 +81,7 @@ def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=
     return results
 
 
-def preflight(checkpoint: Path, options) -> None:
+def preflight(checkpoint: Path, options: EvalOptions) -> None:
     """Checks that need no weights (the front door calls it before loading the model): ValueError, one line."""
     from transformers import AutoTokenizer
 
@@ -88,23 +90,23 @@ def preflight(checkpoint: Path, options) -> None:
                  f"--lengths {multiples[0]}: {multiples[0]} × {train_length} =")
 
 
-def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
+def run_suite(model, tokenizer, checkpoint: Path, options: EvalOptions,
+              output_dir: Path) -> dict[str, dict[str, float]]:
     """`angpt eval CHECKPOINT --suite needle`: options.lengths (multiples; default 1,4,16), limit (examples per
     length, default 50), seed, log_samples, optional train_length; needle.json / needle.md into output_dir."""
     checkpoint, output_dir = Path(checkpoint), Path(output_dir)
     train_length, multiples = suite_lengths(checkpoint, options, DEFAULT_MULTIPLES, model.config)
     text, source = held_out_text(checkpoint, tokenizer, train_length, multiples[-1])
-    limit = getattr(options, "limit", None)  # examples per length (any count); a fraction < 1 scales the default
+    limit = options.limit  # examples per length (any count); a fraction < 1 scales the default
     count = limit_count(limit, DEFAULT_EXAMPLES if limit is None or float(limit) < 1 else int(float(limit)))
-    seed = getattr(options, "seed", None)
     results = needle_accuracy(model, tokenizer, text, train_length, multiples, examples=count,
-                              seed=0 if seed is None else int(seed),
-                              query_chunk_size=getattr(options, "query_chunk_size", None))
+                              seed=0 if options.seed is None else int(options.seed),
+                              query_chunk_size=options.query_chunk_size)
     metrics = {f"needle_x{m}": {"acc": r["acc"], "exact_match": r["exact_match"], "tokens": float(m * train_length),
                                 "examples": float(len(r["samples"]))} for m, r in results.items()}
     output_dir.mkdir(parents=True, exist_ok=True)
     report = {"train_length": train_length, "source": source, "metrics": metrics}
-    if getattr(options, "log_samples", False):
+    if options.log_samples:
         report["samples"] = {f"needle_x{m}": r["samples"] for m, r in results.items()}
     (output_dir / "needle.json").write_text(json.dumps(report, indent=1))
     lines = [f"Needle retrieval (3 needles, greedy), trained at {train_length} tokens; haystacks from {source}.", "",

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .options import EvalOptions
+
 TASK = "angpt_heldout_loss"
 
 
@@ -49,7 +51,7 @@ def _recipe_and_source(checkpoint: Path):
     return recipe, source, metadata
 
 
-def preflight(checkpoint: Path, options) -> None:
+def preflight(checkpoint: Path, options: EvalOptions) -> None:
     """Everything the suite needs except the model, checked before the model is loaded."""
     _recipe_and_source(checkpoint)
 
@@ -77,14 +79,14 @@ def validation_loss(model, blocks, batch_size: int, max_sequences: int | None) -
     return {"loss": loss, "perplexity": math.exp(loss), "sequences": count}
 
 
-def run_suite(model, tokenizer, checkpoint: Path, options, output_dir: Path) -> dict[str, dict[str, float]]:
+def run_suite(model, tokenizer, checkpoint: Path, options: EvalOptions,
+              output_dir: Path) -> dict[str, dict[str, float]]:
     from ..training.data import build_datasets
 
     recipe, source, metadata = _recipe_and_source(checkpoint)
     _, _, val, info = build_datasets(recipe, source, contextlib.nullcontext)
     sequences = default_sequences(recipe, metadata)
-    batch_size = options.batch_size if isinstance(getattr(options, "batch_size", None), int) \
-        else recipe.per_device_eval_batch_size
+    batch_size = options.batch_size if isinstance(options.batch_size, int) else recipe.per_device_eval_batch_size
     result = validation_loss(model, val, batch_size, sequences)
     result["val_blocks"] = len(val)
     if metadata.get("final_val_loss") is not None:   # what training logged last, for comparison

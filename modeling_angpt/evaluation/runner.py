@@ -1,16 +1,17 @@
 """Evaluate a checkpoint: lm-eval tasks on the in-memory model, the project's own suites, one report.
 
-    from modeling_angpt.evaluation import evaluate, default_options
-    report = evaluate("runs/demo/folded", default_options(suite=["offline"], limit=50))
+    from modeling_angpt.evaluation import EvalOptions, evaluate
+    report = evaluate("runs/demo/folded", EvalOptions(suite=["offline"], limit=50))
+    report = evaluate("runs/demo/folded", suite="offline", limit=50)   # the same
 
-`prepare` checks everything that can be checked without the model (options, checkpoint files, task names,
+`prepare` checks everything that can be checked without the model (the options, checkpoint files, task names,
 data reachability, the output directory) and raises `EvalInputError` with a one-line message; `run` loads the
 model once, runs `lm_eval.simple_evaluate` with an `HFLM` built on it and then the own suites, and returns the
 report (a JSON-ready dict); `write_report` writes results.json and results.md without overwriting anything.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -26,88 +27,19 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .inputs import EvalInputError, check_checkpoint_dir, check_device, default_output_dir, weights_digest
+from .inputs import EvalInputError, check_checkpoint_dir, default_output_dir, weights_digest
+from .options import EvalOptions
 from .report import write_report
 from .selection import OWN_SUITE_MODULES, Selection, SelectionError, check_hub_datasets, select
 
 LM_EVAL_DEFAULT_SEEDS = (0, 1234, 1234, 1234)   # lm-eval's random, numpy, torch, few-shot seeds
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 RESULT_FILES = ("results.json", "results.md")
-
-
-def default_options(**overrides) -> argparse.Namespace:
-    """The options of `angpt eval` as a Namespace (what the suites receive), with their CLI defaults."""
-    values = dict(tasks=None, suite=None, num_fewshot=None, batch_size=1, limit=None, seed=None, log_samples=False,
-                  bootstrap_iters=100000, device=None, dtype="auto", output_path=None, include_path=[],
-                  lengths=None, corpus=None, data_seed=None)
-    unknown = set(overrides) - set(values)
-    if unknown:
-        raise TypeError(f"unknown evaluation options: {sorted(unknown)}")
-    values.update(overrides)
-    return argparse.Namespace(**values)
-
-
-# ------------------------------------------------------------------------------------------- validation
-
-def _as_list(value) -> list[str]:
-    if value is None:
-        return []
-    items = value if isinstance(value, (list, tuple)) else [value]
-    return [part.strip() for item in items for part in str(item).split(",") if part.strip()]
-
-
-def normalize_options(options: argparse.Namespace) -> argparse.Namespace:
-    """Parse and check the numbers and lists in place (one-line EvalInputError); returns options."""
-    options.tasks = _as_list(options.tasks)
-    options.suite = _as_list(options.suite)
-    options.include_path = _as_list(options.include_path)
-    if not options.tasks and not options.suite:
-        options.suite = ["offline"]
-
-    batch = str(options.batch_size).strip()
-    if re.fullmatch(r"auto(:\d+(\.\d+)?)?", batch):
-        options.batch_size = batch
-    elif re.fullmatch(r"\d+", batch) and int(batch) > 0:
-        options.batch_size = int(batch)
-    else:
-        raise EvalInputError(f"--batch-size {options.batch_size}: expected a positive integer, 'auto' or 'auto:N'")
-    if options.limit is not None:
-        try:
-            limit = float(options.limit)
-        except (TypeError, ValueError):
-            raise EvalInputError(f"--limit {options.limit}: expected a number of examples per task (or a "
-                                 "fraction below 1)") from None
-        if not limit > 0 or (limit >= 1 and not limit.is_integer()):
-            raise EvalInputError(f"--limit {options.limit}: expected a positive integer, or a fraction in (0, 1)")
-        options.limit = int(limit) if limit >= 1 else limit
-    for name, minimum in (("num_fewshot", 0), ("seed", 0), ("bootstrap_iters", 0), ("data_seed", 0)):
-        value = getattr(options, name)
-        if value is None:
-            continue
-        try:
-            number = int(str(value))
-        except ValueError:
-            number = None
-        if number is None or number < minimum:
-            flag = "--" + name.replace("_", "-")
-            raise EvalInputError(f"{flag} {value}: expected an integer >= {minimum}")
-        setattr(options, name, number)
-    if options.lengths is not None and not isinstance(options.lengths, list):
-        parts = [p.strip() for p in str(options.lengths).split(",")]
-        if not all(re.fullmatch(r"\d+", p) and int(p) > 0 for p in parts):
-            raise EvalInputError(f"--lengths {options.lengths}: expected positive integers separated by commas "
-                                 "(multiples of the training context), e.g. 1,2,4,8,16")
-        options.lengths = [int(p) for p in parts]
-    if options.dtype not in DTYPES:
-        raise EvalInputError(f"--dtype {options.dtype}: expected one of {', '.join(DTYPES)}")
-    options.device = check_device(options.device)
-    return options
 
 
 @dataclass
 class Plan:
     checkpoint: Path
-    options: argparse.Namespace
+    options: EvalOptions          # normalized (EvalOptions.normalized)
     selection: Selection
     output_dir: Path
     config: dict
@@ -129,11 +61,13 @@ def _own_suite(suite: str):
     return module
 
 
-def prepare(checkpoint, options: argparse.Namespace) -> Plan:
+def prepare(checkpoint, options: EvalOptions) -> Plan:
     """Every check that needs no model; EvalInputError (one line) on bad input. Builds the offline task data
     (cached) when an offline task is selected, so an unreadable corpus is reported here."""
+    if not isinstance(options, EvalOptions):
+        raise TypeError(f"prepare: options must be an EvalOptions, not {type(options).__name__}")
     try:
-        options = normalize_options(options)
+        options = options.normalized()
         checkpoint = Path(checkpoint)
         if options.output_path:
             output_dir = Path(options.output_path)
@@ -218,7 +152,7 @@ def _context_for(plan: Plan, config) -> int:
     lm-eval would cut the needles off the left of a longer prompt)."""
     context = config.max_position_embeddings
     if any(task.startswith("angpt_needle") for task in plan.selection.lm_eval_tasks):
-        from .needle_task import MAX_NEW_TOKENS
+        from ..tasks.needle import MAX_NEW_TOKENS
         from .long_context import training_length
 
         try:
@@ -264,7 +198,7 @@ def run(plan: Plan, staging_dir: Path) -> dict:
         "versions": _versions(),
         "device": options.device,
         "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "options": {k: v for k, v in vars(options).items() if not k.startswith("_") and k != "command"},
+        "options": dataclasses.asdict(options),
         "seeds": dict(zip(("random", "numpy", "torch", "fewshot"), _seeds(options)),
                       offline_data=(plan.offline_data or {}).get("seed")),
         "results": {},
@@ -323,9 +257,12 @@ def execute(plan: Plan, write: bool = True) -> dict:
     return report
 
 
-def evaluate(checkpoint, options: argparse.Namespace | None = None, write: bool = False) -> dict:
-    """Python entry point: prepare and run (writing the result files with write=True); returns the report."""
-    return execute(prepare(checkpoint, options or default_options()), write)
+def evaluate(checkpoint, options: EvalOptions | None = None, *, write: bool = False, **keywords) -> dict:
+    """Python entry point: prepare and run (writing the result files with write=True); returns the report. The
+    options are an EvalOptions or its fields as keywords (`evaluate(path, suite="length", lengths=[1, 4])`), or
+    an EvalOptions with some fields replaced by keywords."""
+    options = dataclasses.replace(options, **keywords) if options is not None else EvalOptions(**keywords)
+    return execute(prepare(checkpoint, options), write)
 
 
 def _remove_empty_parents(directory: Path, stop: Path = Path("eval_results")) -> None:

@@ -262,7 +262,7 @@ class BlockDataset(torch.utils.data.Dataset):
 
 
 class NeedleDataset(torch.utils.data.Dataset):
-    """Needle-in-a-haystack examples of exactly `length` tokens (evaluation/needle_task.py), generated on demand:
+    """Needle-in-a-haystack examples of exactly `length` tokens (tasks/needle.py), generated on demand:
     example i is a pure function of (filler text, seed, i), so shuffling and resuming need no stored data."""
 
     def __init__(self, generator, tokenizer, length: int, size: int, seed: int):
@@ -272,7 +272,7 @@ class NeedleDataset(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, i):
-        from ..evaluation.needle_task import training_features
+        from ..tasks.needle import training_features
 
         features = training_features(self.generator.example(self.length, self.seed, i), self.tokenizer, self.length)
         return {key: torch.tensor(value, dtype=torch.long) for key, value in features.items()}
@@ -282,7 +282,7 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     """dataset_kind=needle: fine-tuning examples at block_size tokens, the loss on the answer only. Filler text
     comes from the training blocks for training and from the validation blocks for validation, so evaluation
     haystacks (`angpt eval --suite needle` uses the validation blocks) are text the run never trained on."""
-    from ..evaluation.needle_task import NeedleGenerator, check_room, filler_from_blocks
+    from ..tasks.needle import NeedleGenerator, check_room, filler_from_blocks
 
     metadata = Path(recipe.init_from or "") / "training_metadata.json"
     trained_at = None

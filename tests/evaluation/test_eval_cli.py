@@ -3,7 +3,6 @@ paper suite fails within seconds without the Hub; the own suites (perplexity, le
 every result file carries its provenance and nothing is overwritten."""
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -98,7 +97,8 @@ def test_paper_suite_without_the_hub_fails_within_seconds(eval_env, tmp_path, mo
     # In-process: no waiting for retries at all (time.sleep is never called), and little work.
     import time as time_module
 
-    from modeling_angpt.evaluation.runner import EvalInputError, default_options, prepare
+    from modeling_angpt.evaluation import EvalOptions
+    from modeling_angpt.evaluation.runner import EvalInputError, prepare
 
     def no_sleep(seconds):
         raise AssertionError(f"slept {seconds} s (a retry loop)")
@@ -106,7 +106,7 @@ def test_paper_suite_without_the_hub_fails_within_seconds(eval_env, tmp_path, mo
     monkeypatch.setattr(time_module, "sleep", no_sleep)
     cpu = time.process_time()
     with pytest.raises(EvalInputError, match="Rowan/hellaswag"):
-        prepare(checkpoint, default_options(suite="paper"))
+        prepare(checkpoint, EvalOptions(suite="paper"))
     assert time.process_time() - cpu < 5
 
 
@@ -134,7 +134,9 @@ def test_length_and_needle_suites_are_wired_to_their_run_suite(eval_env, tmp_pat
                      "--batch-size", "2", "--seed", "5", "--output-path", str(out_dir)]) == 0
     assert [c["suite"] for c in calls] == ["length", "needle"]
     options = calls[0]["options"]
-    assert isinstance(options, argparse.Namespace) and calls[0]["model"] == "AnGPTForCausalLM"
+    from modeling_angpt.evaluation import EvalOptions
+
+    assert type(options) is EvalOptions and calls[0]["model"] == "AnGPTForCausalLM"   # the suites get typed options
     assert (options.lengths, options.batch_size, options.limit, options.seed, options.device, options.dtype,
             options.log_samples) == ([1, 4], 2, 3, 5, "cpu", "auto", False)
     assert calls[0]["checkpoint"] == checkpoint and calls[0]["output_dir"] != out_dir   # staged, then moved

@@ -1,7 +1,6 @@
-"""Length generalisation (issue 9 item 3; SPEC §4): losses against an independent computation, 16× the training
+"""Length generalisation (issue 9 item 3; docs/evaluation.md): losses against an independent computation, 16× the training
 length within the chunked path's memory bound for a scale-invariant and a RoPE model, the suite on a trained
 checkpoint's held-out text, and one-line errors for lengths the checkpoint cannot take."""
-import argparse
 import json
 
 import numpy as np
@@ -12,10 +11,10 @@ from evallong_fixtures import tiny_checkpoint  # noqa: F401 (fixture)
 from training_fixtures import data_cache, single_thread  # noqa: F401 (fixtures)
 
 from modeling_angpt import AnGPTForCausalLM
-from modeling_angpt.evaluation import length
+from modeling_angpt.evaluation import EvalOptions, length
 from modeling_angpt.evaluation.length import length_generalisation, per_token_losses, write_artifacts
 
-VARIANTS = {  # same shape, two position schemes (SPEC §3)
+VARIANTS = {  # same shape, two position schemes (docs/attention.md)
     "scale_invariant": dict(rope_parameters={"rope_type": "scale_invariant_p"},
                             attention_logit_transform="scale_invariant"),
     "rope": dict(rope_parameters={"rope_type": "default"}),
@@ -23,8 +22,7 @@ VARIANTS = {  # same shape, two position schemes (SPEC §3)
 
 
 def options(**values):
-    base = dict(lengths=None, batch_size=1, limit=None, seed=0, device="cpu", dtype=None, log_samples=False)
-    return argparse.Namespace(**{**base, **values})
+    return EvalOptions(**{**dict(seed=0, device="cpu"), **values})
 
 
 def test_losses_equal_eager_cross_entropy(tiny_config, monkeypatch):

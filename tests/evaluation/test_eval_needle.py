@@ -1,7 +1,6 @@
-"""Needle in a haystack (issue 9 item 4; SPEC §4.2): the scorer, the generator (checked by a regex over the
+"""Needle in a haystack (issue 9 item 4; docs/evaluation.md): the scorer, the generator (checked by a regex over the
 haystack, written apart from the generator), the fine-tuning recipe with its answer-only loss, and the evaluation
 at 1×, 4× and 16× through the Python API and the lm-eval task."""
-import argparse
 import json
 import re
 from pathlib import Path
@@ -11,8 +10,8 @@ import torch
 from evallong_fixtures import tiny_checkpoint  # noqa: F401 (fixture)
 from training_fixtures import data_cache, single_thread  # noqa: F401 (fixtures)
 
-from modeling_angpt.evaluation import needle
-from modeling_angpt.evaluation.needle_task import (QUESTION, NeedleGenerator, check_room, filler_from_blocks,
+from modeling_angpt.evaluation import EvalOptions, needle
+from modeling_angpt.tasks.needle import (QUESTION, NeedleGenerator, check_room, filler_from_blocks,
                                                    minimum_length, score_answer, training_features)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,8 +101,7 @@ def test_generator_refuses_a_length_without_room_for_the_needles(generator):
 
 
 def options(**values):
-    base = dict(lengths=None, batch_size=1, limit=1, seed=0, device="cpu", dtype=None, log_samples=True)
-    return argparse.Namespace(**{**base, **values})
+    return EvalOptions(**{**dict(limit=1, seed=0, device="cpu", log_samples=True), **values})
 
 
 def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkpoint, data_cache,  # noqa: F811
@@ -194,12 +192,11 @@ def test_lm_eval_task_gives_the_suites_answer(tiny_checkpoint):  # noqa: F811
 def test_front_door_runs_the_length_and_needle_suites_and_the_needle_task(tiny_checkpoint, tmp_path):  # noqa: F811
     """`angpt eval --suite length,needle --tasks angpt_needle_x1` end to end (evaluation/runner.py wiring): the
     own suites' metrics and the lm-eval task's accuracy land in one report, next to their artifacts."""
-    from modeling_angpt.evaluation.runner import default_options, evaluate
+    from modeling_angpt.evaluation import evaluate
 
     directory = tiny_checkpoint(TRAIN_LENGTH)
-    options = default_options(suite="length,needle", tasks="angpt_needle_x1", lengths="1,2", limit=1,
-                              output_path=str(tmp_path / "out"), bootstrap_iters=0)
-    report = evaluate(directory, options, write=True)
+    report = evaluate(directory, suite="length,needle", tasks="angpt_needle_x1", lengths="1,2", limit=1,
+                      output_path=str(tmp_path / "out"), bootstrap_iters=0, write=True)
     results = report["results"]
     assert {"length_x1", "length_x2", "needle_x1", "needle_x2", "angpt_needle_x1"} <= set(results)
     assert 0.0 <= results["angpt_needle_x1"]["acc"] <= 1.0

@@ -1,4 +1,5 @@
-"""Data builder and scorer of the lm-eval task `angpt_needle` (the code lives in modeling_angpt.evaluation).
+"""Data builder and scorer of the lm-eval task `angpt_needle` (the code lives in modeling_angpt.evaluation.needle and
+modeling_angpt.tasks.needle).
 
 `build_dataset` receives lm-eval's metadata: the model arguments (`pretrained=DIR`, optionally `tokenizer=`) merged
 with `--metadata` JSON and the subtask's `multiple`. Metadata keys read here: `num_samples` (examples per length,
@@ -10,7 +11,7 @@ from __future__ import annotations
 import datasets
 
 from modeling_angpt.evaluation.needle import DEFAULT_EXAMPLES, needle_documents
-from modeling_angpt.evaluation.needle_task import score_answer
+from modeling_angpt.tasks.needle import score_answer
 
 
 def build_dataset(multiple: int = 1, pretrained=None, tokenizer=None, num_samples: int = DEFAULT_EXAMPLES,

@@ -1,4 +1,5 @@
-"""Needle in a haystack (scale-invariant paper, SPEC §4.2): the example generator and the scorer.
+"""Needle in a haystack (scale-invariant paper; docs/evaluation.md, "Needle in a haystack"): the example generator
+and the scorer.
 
 An example of token length L is filler text with three needles `The special magic <city> number is <n>.` (three
 distinct cities, 7-digit numbers from 1000000 to 9999999) at uniformly random depths, then the question; the
@@ -40,7 +41,7 @@ NEEDLE = "The special magic {city} number is {number}."
 QUESTION = "\nWhat are the special magic numbers?\nAnswer:"
 NUM_NEEDLES = 3
 MAX_UNIT_CHARS = 400
-MAX_NEW_TOKENS = 96  # generation budget for the answer line (lm-eval task and `needle.py` use the same)
+MAX_NEW_TOKENS = 96  # generation budget for the answer line (the lm-eval task and evaluation/needle.py)
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
 _PAIR = re.compile(r"\s*([A-Za-z][A-Za-z .'-]*?)\s*=\s*(\d+)\s*")
