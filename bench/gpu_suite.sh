@@ -3,10 +3,11 @@
 # device call holds it): the gpu-marked tests (bf16 parity of every backend, compiled training, compiled
 # static-cache decoding, FlexAttention at 16k against the chunked path), the 16k-token long-context bench, compiled
 # decoding against eager, training throughput and MFU (anGPT, GPT+, nGPT, Llama; eager, then compiled), then, when
-# time is left, the compiled step time at the paper's 0.5B shape, the width-stability sweep, and ListOps (semantic
-# focus, its runs under CUDA MPS where that starts) for the rest of the time. A step that would not fit the time
-# left is skipped and named. Figures go into bench/RESULTS.md sections that name the device; inference_speed prints
-# its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
+# time is left, the compiled step time at the paper's 0.5B shape, and two experiments that need a GPU: the
+# width-stability sweep and ListOps (semantic focus, its runs under CUDA MPS where that starts) for the rest of the
+# time. A step that would not fit the time left is skipped and named. The benchmarks' figures go into sections of
+# docs/results/benchmarks.md that name the device, the experiments' into their study's README.md (experiments/);
+# inference_speed prints its table into the log (runs/gpu_suite.log, or $SUITE_LOG).
 #   bash bench/gpu_suite.sh            (from the repository root, with the package installed: make install)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,15 +38,16 @@ step() {
 xdist=$($PY -c "import xdist" 2>/dev/null && echo "-n 8" || true)
 # limits from the H200 runs: tests 87-114 s, long context ~15 s a row, compiled decoding 93 s, throughput 153 s
 # (eager, then compiled per block), the 0.5B step time with ablations ~140 s
-step 150 tests $PY -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider $xdist
+step 150 tests $PY -m pytest -q -m gpu tests/gpu/test_gpu.py -p no:cacheprovider $xdist
 tests_line=$(grep -E "[0-9]+ (passed|failed).* in [0-9.]+s" $LOG | tail -1)
 step 170 long_context $PY bench/long_context_speed.py
 step 110 compiled_decoding $PY bench/inference_speed.py --device cuda --compile --dtype bfloat16 --repeats 3
 step 200 throughput $PY bench/throughput.py --device cuda
 step 240 step_time_0.5b $PY bench/train_step_time.py --device cuda --bf16 --compile --ablations --hidden 1024 \
     --layers 24 --vocab 50304 --batch 8 --seq 2048 --rounds 10 --warmup 3 --section train_step_time_gpu
-step 60 width_stability $PY bench/width_stability.py --device cuda --steps 40 --layers 4 --widths 128 256 512 1024 \
-    --variants baseline width_rule width_rule+s_z_speed_256 --precisions fp32 bf16 --section width_stability_gpu
+step 60 width_stability $PY experiments/width_depth_stability/width_stability.py --device cuda --steps 40 --layers 4 \
+    --widths 128 256 512 1024 --variants baseline width_rule width_rule+s_z_speed_256 --precisions fp32 bf16 \
+    --section width_stability_gpu
 # the semantic-focus paper's ListOps (5000 sequences of 501-599 tokens, 200 epochs) in whatever time is left:
 # --time-limit cuts the eight runs (two seeds) in time, and the next suite continues them from their saved state.
 # Its runs are processes of small kernels: under CUDA MPS they run side by side instead of taking turns on the GPU
@@ -73,7 +75,8 @@ left=$(( BUDGET - ($(date +%s) - start) ))
 if (( left >= 150 )); then
     start_mps
     left=$(( BUDGET - ($(date +%s) - start) ))
-    step $left listops $PY bench/semantic_focus.py --paper --backbone paper --tasks listops --seeds 2 --device cuda \
+    step $left listops $PY experiments/semantic_focus/semantic_focus.py --paper --backbone paper --tasks listops \
+        --seeds 2 --device cuda \
         --jobs 8 --time-limit "$(awk "BEGIN {print ($left - 40) / 60}")" \
         --section semantic_focus_paper_encoder_listops_gpu --output-dir runs/semantic_focus-paper-listops-gpu
 else
@@ -86,7 +89,7 @@ sys.path.insert(0, "bench")
 from results_file import update_section
 device, tests, seconds, skipped = sys.argv[1:]
 update_section("gpu_suite", f"## GPU suite on {device}\n\n`bash bench/gpu_suite.sh`: gpu-marked tests: {tests}; "
-               f"whole suite {seconds} s; steps skipped for time: {skipped}. The GPU sections of this file name "
-               "the same device.")
+               f"whole suite {seconds} s; steps skipped for time: {skipped}. The GPU sections of this file, and "
+               "those the suite writes into the experiments' READMEs, name the same device.")
 PYEOF
 exit $status

@@ -5,7 +5,7 @@ Each measurement runs in a fresh interpreter: a short warm-up forward (FlexAtten
 peak resident set size is reset (/proc/self/clear_refs) and the long forward's own peak (VmHWM) measured, next to
 the warm-up's peak (compilation included), the wall time and what a full [b, h, T, T] float32
 score tensor would take. A flex row must not recompile or fall back to the chunked path during the long forward.
-Results go to bench/RESULTS.md between this script's markers (other sections are left alone).
+Results go to docs/results/benchmarks.md between this script's markers (other sections are left alone).
 
     .venv/bin/python bench/long_context_memory.py    # 16k, chunked (512 queries) and flex, alibi and scale_invariant
     .venv/bin/python bench/long_context_memory.py --length 4096 --backends angpt_chunked --transforms none

@@ -108,7 +108,7 @@ def block_mask_costs(args, transform: str, sparsity: str) -> dict:
     one unpadded row of args.length tokens alone, for each of MASK_CHUNKS: the eager work a FlexAttention forward
     does once, before its layers (from the layout AnGPTModel.forward builds for it)."""
     from modeling_angpt import flex_angpt
-    from modeling_angpt.masks_angpt import AttentionLayout
+    from modeling_angpt.attention_angpt import AttentionLayout
 
     device = torch.device(args.device)
     config = model_config(args, transform, sparsity)
@@ -210,7 +210,7 @@ def main(argv=None) -> list:
                 reference = row["logits"]
             rows.append(((transform, sparsity, backend), row))
             print(transform, sparsity, backend, {k: v for k, v in row.items() if k != "logits"}, flush=True)
-            text = section(args, rows, masks, rf.command_line("long_context_speed.py", argv))
+            text = section(args, rows, masks, rf.command_line(__file__, argv))
             if not args.no_write:  # after every row: a run stopped later keeps what it measured
                 rf.update_section(name, text, args.results)
     print(text)

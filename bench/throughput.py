@@ -181,7 +181,7 @@ def main(argv=None):
             peak[mode] = measured_peak(device, cfg["peak_size"], dtype)
             with torch._dynamo.config.patch(cache_size_limit=64) if mode == "compile" else contextlib.nullcontext():
                 rows[mode] = measure(cfg, device, compiled=mode == "compile", dtype=dtype)
-            text = section(rows, cfg, peak, rf.command_line("throughput.py", argv), device,
+            text = section(rows, cfg, peak, rf.command_line(__file__, argv), device,
                            (start_load, rf.load_average()), precision_text)
             if not args.no_write:
                 write(text, rows, cfg, device, args)

@@ -90,8 +90,9 @@ def main(argv=None):
     parser.add_argument("--compile", action="store_true", help="compile each decoder block (torch_compile: true)")
     parser.add_argument("--compile-mode", default=None)
     parser.add_argument("--ablations", action="store_true", help="also time anGPT without ν / LERP / constraint")
-    parser.add_argument("--section", default=None, help="RESULTS.md section (default: by --compile)")
-    parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
+    parser.add_argument("--section", default=None,
+                        help="the section of docs/results/benchmarks.md to write (default: by --compile)")
+    parser.add_argument("--no-write", action="store_true", help="print only, leave docs/results/benchmarks.md alone")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)

@@ -1,29 +1,13 @@
 """Shared test setup: offline, deterministic, float32, tiny models on CPU."""
 from __future__ import annotations
 
-import os
+# first: it sets the offline environment before anything reads it; its autouse fixtures seed torch per test
+from environment_fixtures import _deterministic, _isolated_hf_home  # noqa: F401, I001
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 ARCHITECTURES = ("gptplus", "ngpt", "angpt")
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    torch.manual_seed(0)
-    yield
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _isolated_hf_home(tmp_path_factory):
-    # Remote-code modules are cached under HF_HOME; keep each run's cache out of the user's home.
-    os.environ["HF_HOME"] = str(tmp_path_factory.mktemp("hf_home"))
-    yield
 
 
 @pytest.fixture
@@ -38,19 +22,6 @@ def tiny_config():
         return AnGPTConfig(**fields)
 
     return make
-
-
-@pytest.fixture
-def semantic_focus_bench():
-    """bench/semantic_focus.py as a module of its own (bench/ is scripts, not a package)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "bench" / "semantic_focus.py"
-    spec = importlib.util.spec_from_file_location("bench_semantic_focus", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def fit_classifier(model, ids, labels, steps: int, lr: float) -> list[float]:

@@ -1,5 +1,6 @@
-"""The benchmarks' workers end with the benchmark (bench/worker_pool.py): a benchmark killed with SIGKILL, which
-runs no clean-up of its own, takes its busy worker with it, where a plain ProcessPoolExecutor's worker lives on."""
+"""The experiments' workers end with the experiment (experiments/common/worker_pool.py): an experiment killed with
+SIGKILL, which runs no clean-up of its own, takes its busy worker with it, where a plain ProcessPoolExecutor's worker
+lives on."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+COMMON = Path(__file__).resolve().parent
 
 PARENT = """
 import os, sys, time
@@ -19,7 +20,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from worker_pool import worker_pool
 
-pool = worker_pool(1) if sys.argv[2] == "bench" else ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+pool = worker_pool(1) if sys.argv[2] == "ours" else ProcessPoolExecutor(1, mp_context=get_context("spawn"))
 print(pool.submit(os.getpid).result(), flush=True)
 pool.submit(time.sleep, 60)  # the worker is busy when its parent dies
 time.sleep(60)
@@ -35,7 +36,7 @@ def alive(pid: int) -> bool:
 
 
 def worker_after_parent_killed(kind: str) -> bool:
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(BENCH), kind], stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(COMMON), kind], stdout=subprocess.PIPE, text=True)
     worker = int(parent.stdout.readline())
     time.sleep(0.5)  # the sleep task has reached the worker
     parent.kill()
@@ -50,6 +51,6 @@ def worker_after_parent_killed(kind: str) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_a_killed_benchmark_takes_its_workers_with_it():
-    assert worker_after_parent_killed("plain")  # the oracle: what the benchmarks did before
-    assert not worker_after_parent_killed("bench")
+def test_a_killed_experiment_takes_its_workers_with_it():
+    assert worker_after_parent_killed("plain")  # the oracle: what the experiments did before
+    assert not worker_after_parent_killed("ours")

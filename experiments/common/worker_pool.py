@@ -1,9 +1,9 @@
-"""The benchmarks' process pool: spawned workers that end with the benchmark.
+"""The experiments' process pool: spawned workers that end with the experiment.
 
-A worker of a plain ProcessPoolExecutor outlives its parent: kill a benchmark with `kill PID` and its workers go
-on training, the runs they had started and the ones already queued to them, beside the benchmark started again in
+A worker of a plain ProcessPoolExecutor outlives its parent: kill an experiment with `kill PID` and its workers go
+on training, the runs they had started and the ones already queued to them, beside the experiment started again in
 their place. Each worker here asks Linux to send it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG), so
-killing the benchmark stops its runs, which later resume from their last saved state. Elsewhere the workers
+killing the experiment stops its runs, which later resume from their last saved state. Elsewhere the workers
 behave as ProcessPoolExecutor's do, and the run directories' lock (modeling_angpt/training/run_lock.py) still
 refuses to let two live processes write one run.
 """

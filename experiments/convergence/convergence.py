@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Convergence of anGPT and nGPT against GPT+ (the anGPT paper: 1.40× / 1.29× fewer tokens to the same loss at 0.5B).
 
-GPT+, nGPT and anGPT of one shape train on the Debian benchmark corpus (bench/build_corpus.sh, ~20 M tokens:
-no run sees a block twice), each with its paper recipe (SPEC §1: GPT+ AdamW, weight decay 0.1, 20 % warm-up;
-nGPT and anGPT Adam with neither; cosine to 0.01 × peak; clip 1.0) at every learning rate of a sweep. The sweep
+GPT+, nGPT and anGPT of one shape train on the Debian corpus (experiments/common/build_corpus.sh, ~20 M tokens: no
+run sees a block twice), each with its paper recipe (docs/architectures.md: GPT+ AdamW, weight decay 0.1, 20 %
+warm-up; nGPT and anGPT Adam with neither; cosine to 0.01 × peak; clip 1.0) at every learning rate of a sweep. The sweep
 starts as a factor-2 grid around a centre and grows by a factor 2 past whichever edge is best, up to
 --max-extend times per architecture; a best rate still on an edge after that is reported as such. Then
 --seeds seeds run at each best rate, and the anGPT ablations at anGPT's best rate: α init 0.01 (vs 0.05),
@@ -14,13 +14,13 @@ speed-up (per seed) = tokens GPT+ needs to reach its final validation loss / tok
 that loss (linear interpolation between evaluations); reported as the median and range over seeds.
 
 Every finished run is cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes, and
---report-only writes RESULTS.md from whatever has finished (a partial sweep is marked as partial).
+--report-only writes the section from whatever has finished (a partial sweep is marked as partial).
 
-    python bench/convergence.py                     # default: d=256, 4 layers, 500 steps (~1 h on 2 CPU cores)
-    python bench/convergence.py --size quick        # d=64, minutes
-    python bench/convergence.py --size device       # d=512, 8 layers, 3000 steps on a GPU
-    python bench/convergence.py --steps 1000 --output-dir runs/convergence-1000 --section convergence_1000 \
-        --title ', 1000 steps'                      # a second setting: its own folder, section and plot
+    python experiments/convergence/convergence.py                # d=256, 4 layers, 500 steps (~1 h on 2 CPU cores)
+    python experiments/convergence/convergence.py --size quick   # d=64, minutes
+    python experiments/convergence/convergence.py --size device  # d=512, 8 layers, 3000 steps on a GPU
+    python experiments/convergence/convergence.py --steps 1000 --output-dir runs/convergence-1000 \
+        --section convergence_1000 --title ', 1000 steps'     # a second setting: its own folder, section and plot
 
 An output folder belongs to one setting (shape, length, data, recipe): a command with other settings is refused
 rather than resumed from another experiment's runs.
@@ -33,12 +33,17 @@ import math
 import os
 import pathlib
 import statistics
+import sys
 from concurrent.futures import FIRST_COMPLETED, wait
 
-import results_file as rf
-from convergence_plot import plot
-from convergence_runs import ABLATIONS, SETTINGS, load_results, prepare_data, run_name, run_one
-from worker_pool import worker_pool
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]  # the experiments' and bench's helpers
+
+import results_file as rf  # noqa: E402
+import study  # noqa: E402
+from convergence_plot import plot  # noqa: E402
+from convergence_runs import ABLATIONS, SETTINGS, load_results, prepare_data, run_name, run_one  # noqa: E402
+from worker_pool import worker_pool  # noqa: E402
 
 ARCHS = ("gptplus", "ngpt", "angpt")
 # Per size: model shape, run length, and the centre of each architecture's initial learning-rate grid.
@@ -188,7 +193,7 @@ def section(summary: dict, cfg: dict, command: str) -> str:
     dataset = os.path.relpath(cfg["dataset"]) if os.path.isabs(cfg["dataset"]) else cfg["dataset"]
     lines = [f"## Convergence{cfg['title']}: tokens to GPT+'s final validation loss "
              "(the anGPT paper: anGPT 1.40×, nGPT 1.29× at 0.5B)", "",
-             f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
+             f"`{command}`", "", study.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} Model (all three): d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, "
              f"MLP 4d, vocab {cfg['vocab']} (byte-level BPE on the corpus), context {cfg['block']}; "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['block']} = {tokens:,} training tokens per run"
@@ -267,11 +272,11 @@ def ablation_table(summary: dict, seeds: int) -> list[str]:
 
 def parse_config(argv) -> dict:
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    rf.add_size_arguments(parser, SIZES)
+    study.add_size_arguments(parser, SIZES)
     for name in ("hidden", "layers", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
-    parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
-    parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--recipe", default=str(study.RECIPES / "bench_debian_cpu.yaml"))
+    parser.add_argument("--dataset", default=str(study.CORPUS), help="built by experiments/common/build_corpus.sh")
     parser.add_argument("--archs", nargs="+", choices=ARCHS, default=list(ARCHS))
     parser.add_argument("--grid-points", type=int, default=3, help="initial learning rates per architecture")
     parser.add_argument("--max-extend", type=int, default=2, help="extra rates past an edge, per architecture")
@@ -281,13 +286,13 @@ def parse_config(argv) -> dict:
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("--output-dir", default="runs/convergence")
-    parser.add_argument("--report-only", action="store_true", help="write RESULTS.md from finished runs only")
+    parser.add_argument("--report-only", action="store_true", help="write the section from finished runs only")
     parser.add_argument("--section", default="convergence",
-                        help="the RESULTS.md section to write, and its plot's file name")
+                        help="the section to write, and its plot's file name")
     parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
-    rf.add_output_arguments(parser)
+    rf.add_output_arguments(parser, results=HERE / "README.md", plots_dir=HERE / "plots")
     args = parser.parse_args(argv)
-    cfg = rf.sized_config(SIZES, args)
+    cfg = study.sized_config(SIZES, args)
     defaults = {**SIZES[cfg["size"]],
                 **{k: parser.get_default(k) for k in ("grid_points", "max_extend", "seeds", "ablation_seeds")}}
     cfg["changed"] = {k: [cfg[k], v] for k, v in defaults.items() if cfg[k] != v}
@@ -310,12 +315,12 @@ def main(argv=None):
     # The run's own command and settings: --report-only reports them, whatever else it is given.
     saved, command_file = output_dir / "config.json", output_dir / "command.txt"
     if not cfg["report_only"]:
-        rf.claim_output_dir("convergence.py", output_dir, {k: cfg[k] for k in ("layers", *SETTINGS)})
-        command_file.write_text(rf.command_line("convergence.py", argv))
+        study.claim_output_dir("convergence.py", output_dir, {k: cfg[k] for k in ("layers", *SETTINGS)})
+        command_file.write_text(rf.command_line(__file__, argv))
         saved.write_text(json.dumps({k: v for k, v in cfg.items() if k not in OUTPUT_KEYS}))
     elif saved.is_file():
         cfg.update({k: v for k, v in json.loads(saved.read_text()).items() if k not in OUTPUT_KEYS})
-    command = command_file.read_text() if command_file.exists() else rf.command_line("convergence.py", argv)
+    command = command_file.read_text() if command_file.exists() else rf.command_line(__file__, argv)
     png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)
 

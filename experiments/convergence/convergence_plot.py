@@ -1,4 +1,4 @@
-"""The convergence benchmark's figure (bench/convergence.py): validation curves at the best rates with seed bands,
+"""The convergence experiment's figure (convergence.py): validation curves at the best rates with seed bands,
 the learning-rate sweeps, and the anGPT ablations as differences from the same seed's anGPT run."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One run of the convergence benchmark (bench/convergence.py; bench/residual_nu_depth.py reuses it): what a run
+"""One run of the convergence experiment (convergence.py; experiments/residual_nu_depth reuses it): what a run
 is called, the recipe it trains with, its data, and the training itself, in a worker process. A finished run
 leaves OUTPUT_DIR/<run>/result.json (its validation curve); everything else it wrote is removed."""
 from __future__ import annotations
@@ -9,16 +9,18 @@ import pathlib
 import shutil
 import time
 
-import results_file as rf
+import study
 
 # What a finished run's result depends on beyond its name (architecture, lr, seed, ablation; a depth run's layers
-# and α): one output folder, one setting (results_file.claim_output_dir).
+# and α): one output folder, one setting (study.claim_output_dir).
 SETTINGS = ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches", "recipe", "dataset")
-# anGPT ablations (SPEC §1.3 [flag]s), each one change from anGPT's recipe at its best learning rate.
+# anGPT ablations (the paper's switches, docs/architectures.md), each one change from anGPT's recipe at its best
+# learning rate.
 ABLATIONS = {"alpha0.01": ("α init 0.01", ["model_kwargs.alpha_init=0.01"]),
              "no_nu": ("no ν(α) on the residual", ["model_kwargs.alpha_nu=false"]),
              "warmup": ("5 % linear warm-up", ["warmup_ratio=0.05"]),
-             # the project's two departures (docs/architectures.md), each undone: SPEC's s_z speed √d, no width rule
+             # the project's two departures (docs/architectures.md), each undone: the paper's s_z speed √d, no
+             # width rule
              "spec_sz": ("s_z speed √d (nGPT's) instead of 256", ["model_kwargs.logit_scale_speed={sqrt_d}"]),
              "no_width_rule": ("no width rule on the matrices' lr", ["lr_width_rule=none"])}
 
@@ -30,8 +32,8 @@ def run_name(spec: dict) -> str:
 
 
 def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
-    """The architecture's recipe (SPEC §1) for one run: the shape, data and length of `cfg`, one ablation at most;
-    a spec may set its own depth and α init ("layers", "alpha")."""
+    """The architecture's recipe (docs/architectures.md) for one run: the shape, data and length of `cfg`, one
+    ablation at most; a spec may set its own depth and α init ("layers", "alpha")."""
     from modeling_angpt.training import load_recipe
 
     d = cfg["hidden"]
@@ -51,7 +53,7 @@ def recipe_for(spec: dict, cfg: dict, out: pathlib.Path):
 
 def prepare_data(cfg: dict) -> None:
     """Tokenizer and packed blocks, built once and cached before the workers start (they would race)."""
-    rf.build_data(recipe_for({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, pathlib.Path(cfg["output_dir"])))
+    study.build_data(recipe_for({"arch": "gptplus", "lr": 1.0, "seed": 0}, cfg, pathlib.Path(cfg["output_dir"])))
 
 
 def run_one(spec: dict, cfg: dict) -> dict:

@@ -1,16 +1,15 @@
-"""The convergence and residual-ν(α)-depth benchmarks run end to end at a smoke size, so the scripts cannot rot;
-their planning and tables are checked on made-up runs. Outputs go under tmp_path, never into bench/."""
+"""The convergence experiment runs end to end at a smoke size, so its scripts cannot rot; its planning and tables
+are checked on made-up runs. Outputs go under tmp_path, never into the study folder."""
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
-from bench_fixtures import TINY, bench  # noqa: F401 (fixture)
+from smoke_arguments import TINY
 
 
-def test_convergence_smoke(bench, tmp_path):
-    out, results, corpus, recipe = bench
+def test_convergence_smoke(experiment, tmp_path):
+    out, results, corpus, recipe = experiment
     import convergence
 
     convergence.main([*TINY, "--block", "32", "--batch", "4", "--steps", "4", "--eval-steps", "2",
@@ -26,10 +25,10 @@ def test_convergence_smoke(bench, tmp_path):
     convergence.main(["--report-only", "--output-dir", str(tmp_path / "runs"), *out])
 
 
-def test_convergence_second_section(bench, tmp_path):
+def test_convergence_second_section(experiment, tmp_path):
     """--section and --title give a second setting a section and plot of its own, which --report-only keeps
     rewriting; a folder holding runs of other settings is refused in one line, not resumed from."""
-    out, results, corpus, recipe = bench
+    out, results, corpus, recipe = experiment
     import convergence
 
     args = [*TINY, "--block", "32", "--batch", "4", "--steps", "2", "--eval-steps", "1", "--eval-batches", "1",
@@ -54,7 +53,7 @@ def test_convergence_second_section(bench, tmp_path):
         convergence.main([*args, "--steps", "3", *out])
 
 
-def test_convergence_ablation_seeds(bench, capsys):
+def test_convergence_ablation_seeds(experiment, capsys):
     """--ablation-seeds N runs every ablation at seeds 0 to N−1 (seed 0 for all first) and compares each with anGPT's
     run of the same seed; the table gives median (range) over seeds and counts the seeds that diverged."""
     import convergence
@@ -108,7 +107,7 @@ def test_convergence_ablation_seeds(bench, capsys):
     assert "--ablation-seeds must be between 1 and --seeds (2)" in capsys.readouterr().err
 
 
-def test_convergence_ablation_panel_is_scaled_to_the_medians_not_to_one_seeds_spike(bench):
+def test_convergence_ablation_panel_is_scaled_to_the_medians_not_to_one_seeds_spike(experiment):
     """One seed's brief validation spike (nats, in a run that recovers) must not squash the ablations' effects
     (hundredths) onto the zero line: the panel's limits follow the medians, and a note says the ranges are clipped."""
     import matplotlib
@@ -132,76 +131,3 @@ def test_convergence_ablation_panel_is_scaled_to_the_medians_not_to_one_seeds_sp
     plt.close("all")
 
 
-def residual_nu_depth_args(bench, tmp_path, steps: int, pair: str) -> list[str]:
-    """A smoke-size residual_nu_depth command line: a tiny model, `steps` steps, one LAYERS:ALPHA pair."""
-    out, _, corpus, recipe = bench
-    return ["--hidden", "32", "--heads", "2", "--vocab", "300", "--threads", "1", "--block", "32", "--batch", "4",
-            "--steps", str(steps), "--eval-steps", str(steps // 2), "--eval-batches", "1", "--pairs", pair,
-            "--jobs", "1", "--dataset", str(corpus), "--recipe", str(recipe),
-            "--output-dir", str(tmp_path / "runs"), *out]
-
-
-def test_residual_nu_depth_smoke(bench, tmp_path, monkeypatch):
-    """ν(α) on and off at each depth, side by side; without ν(α) the stream leaves every LERP shorter by about
-    √((1 − α)² + α²) (SPEC §1.3), which the per-layer norms of the trained models show."""
-    _, results, _, _ = bench
-    import residual_nu_depth
-
-    alpha = 0.2  # large (α·L at the 0.4 limit), so that the shrinkage stands clear of what 4 steps change
-    args = residual_nu_depth_args(bench, tmp_path, steps=4, pair=f"2:{alpha}")
-    residual_nu_depth.main(args)
-    text = results.read_text()
-    assert "<!-- residual_nu_depth:start -->" in text and "| 2 | 0.2 | 0.40 | on |" in text
-    assert "| 2 | 0.2 | 0.40 | off |" in text and "not run yet" not in text
-    runs = {p.parent.name: json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/result.json")}
-    on, off = runs["angpt-L2-a0.2-lr0.008-s0"]["stream_norms"], runs["angpt-L2-a0.2-lr0.008-s0-no_nu"]["stream_norms"]
-    assert len(on) == len(off) == 3  # the embedding, then each layer's output
-    per_update = ((1 - alpha) ** 2 + alpha ** 2) ** 0.5  # two residual updates per layer
-    for layer in (1, 2):
-        assert off[layer] / off[layer - 1] == pytest.approx(per_update ** 2, rel=0.1)
-        assert on[layer] / on[layer - 1] == pytest.approx(1.0, rel=0.1)
-    assert (tmp_path / "plots" / "residual_nu_depth.png").is_file()
-    # a run that overflows is reported with the step it stopped at, not as a loss
-    residual_nu_depth.main(args + ["--lr", "1e30", "--output-dir", str(tmp_path / "runs-overflow")])
-    assert "| on | 1/1 (step " in results.read_text() or "| off | 1/1 (step " in results.read_text()
-    # a folder holding runs of other settings is refused in one line, not resumed from
-    with pytest.raises(SystemExit, match=r"--output-dir .*runs holds runs made with other settings \(steps 4, not 5\)"):
-        residual_nu_depth.main(args + ["--steps", "5"])
-    # a rerun finds both runs finished and trains nothing
-    import convergence
-
-    monkeypatch.setattr(convergence, "run_one", lambda spec, cfg: pytest.fail(f"retrained {spec}"))
-    residual_nu_depth.main(args)
-    assert "| 2 | 0.2 | 0.40 | off |" in results.read_text()
-
-
-def test_residual_nu_depth_first_seed(bench, tmp_path, capsys):
-    """--first-seed runs a later seed alone (a long setting one seed at a time), and the section names that seed."""
-    _, results, _, _ = bench
-    import residual_nu_depth
-
-    args = residual_nu_depth_args(bench, tmp_path, steps=2, pair="2:0.1")
-    residual_nu_depth.main(args + ["--first-seed", "2"])
-    assert sorted(p.name for p in (tmp_path / "runs").glob("angpt-*")) == [
-        "angpt-L2-a0.1-lr0.008-s2", "angpt-L2-a0.1-lr0.008-s2-no_nu"]
-    assert "training tokens per run, seed 2, " in results.read_text()
-    with pytest.raises(SystemExit):
-        residual_nu_depth.main(args + ["--seeds", "0"])
-    assert "--seeds must be at least 1 and --first-seed at least 0, got 0 and 0" in capsys.readouterr().err
-
-
-def test_residual_nu_depth_device_size(bench):
-    """--device takes the convergence benchmark's GPU size and half its CPU-size rate, as the convergence sweep's
-    centre does; flags given on the command line still win."""
-    import convergence
-    import residual_nu_depth
-
-    cpu = residual_nu_depth.parse_config([])
-    assert cpu["hidden"] == convergence.SIZES["default"]["hidden"] and cpu["lr"] == residual_nu_depth.BEST_4_LAYER_LR
-    for flags in (["--device"], ["--size", "device"]):
-        gpu = residual_nu_depth.parse_config(flags)
-        size = convergence.SIZES["device"]
-        assert (gpu["hidden"], gpu["block"], gpu["steps"]) == (size["hidden"], size["block"], size["steps"])
-        assert gpu["lr"] == pytest.approx(cpu["lr"] / 2)
-    wide = residual_nu_depth.parse_config(["--device", "--hidden", "1024", "--heads", "16", "--lr", "0.001"])
-    assert (wide["hidden"], wide["heads"], wide["lr"], wide["vocab"]) == (1024, 16, 0.001, size["vocab"])

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Where the attention goes past the training length: the models of bench/length_generalisation.py, run on the same
+"""Where the attention goes past the training length: the models of length_generalisation.py, run on the same
 16L windows of held-out text, with each layer's attention weights summed by the distance t = i − j of the keys
 they fall on, and the raw logits S (before any logit transform) described by their mean and spread per distance.
 
@@ -15,22 +15,28 @@ Queries: positions [8L, 16L) of the 16L windows (they see distances up to 16L), 
 wrapped in a probe (`probe_transform`) that computes the same softmax as the model and records it; the test
 suite checks the probe's sums against the attention weights the model itself returns.
 
-    python bench/length_attention.py --jobs 2 --threads 1 --seeds 2 --output-dir runs/length_default
+    python experiments/length_generalisation/length_attention.py --jobs 2 --threads 1 --seeds 2 \\
+        --output-dir runs/length_default
                                          # the twelve default models, evaluated only (~15 min on 2 cores)
-    python bench/length_attention.py --size quick                  # trains quick models first (minutes)
+    python experiments/length_generalisation/length_attention.py --size quick   # trains quick models first (minutes)
 
-The models are trained first when missing (the same checkpoints and arguments as bench/length_generalisation.py).
+The models are trained first when missing (the same checkpoints and arguments as length_generalisation.py).
 """
 from __future__ import annotations
 
 import argparse
 import math
 import pathlib
+import sys
 
 import numpy as np
 
-import length_models as lm
-import results_file as rf
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]  # the experiments' and bench's helpers
+
+import length_models as lm  # noqa: E402
+import results_file as rf  # noqa: E402
+import study  # noqa: E402
 
 PROBE_PREFIX = "probe:"
 
@@ -156,7 +162,7 @@ def distance_bins(cfg: dict) -> list[tuple[str, int, int]]:
 
 def loss_excess(cfg: dict, variant: str, seed: int) -> float | None:
     """The model's mean loss excess over 1× windows at positions [M/2·L, M·L), from its length evaluation
-    (bench/length_generalisation.py), when it has one of the same windows and text."""
+    (length_generalisation.py), when it has one of the same windows and text."""
     from length_generalisation import binned, cached_evaluation, position_curves
 
     cached = cached_evaluation(cfg, variant, seed)
@@ -177,7 +183,7 @@ def weight_tables(profiles: dict, cfg: dict) -> list[str]:
     lines = [f"Attention weight by the distance of the key, for queries at positions [{m // 2}L, {m}L) of the {m}L "
              "windows (mean over layers and heads; each query's weights sum to 1), beside the model's loss there "
              f"minus the same tokens' loss in their 1× windows (`length_eval/length.json` of "
-             "bench/length_generalisation.py; – where that model has none).", "",
+             "length_generalisation.py; – where that model has none).", "",
              "| model | " + " | ".join(label for label, _, _ in bins) + f" | past L | loss excess, [{m // 2}L, {m}L) |",
              "|---|" + "---|" * (len(bins) + 2)]
     for variant, by_seed in profiles.items():
@@ -272,12 +278,12 @@ def section_head(cfg: dict, title: str, command: str, how: str) -> list[str]:
     settings), command, machine, which checkpoints ran `how` on which windows, and the settings changed."""
     return [f"## Length generalisation: {title}{lm.title_suffix(cfg)}{lm.own_section_suffix(cfg)}", "",
             f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
-            f"The checkpoints of `bench/length_generalisation.py` in `{cfg['output_dir']}` ({cfg['arch']}, "
+            f"The checkpoints of `length_generalisation.py` in `{cfg['output_dir']}` ({cfg['arch']}, "
             f"d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads, trained at L={cfg['length']} for "
             f"{cfg['steps']} steps), {how} {cfg['windows']} windows of {cfg['multiples'][-1]}L tokens of "
             f"`{lm.shown(cfg, cfg['eval_file'])}` (the length evaluation's text and windows), and on the same tokens "
             "cut into 1× windows.", "",
-            rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), ""]
+            study.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), ""]
 
 
 def section(profiles: dict, cfg: dict, command: str, png_link: str) -> str:
@@ -299,7 +305,7 @@ def resolve(parser: argparse.ArgumentParser, argv) -> dict:
     return cfg
 
 
-def publish(found, cfg: dict, script: str, argv, write_section, draw) -> None:
+def publish(found, cfg: dict, script: str | pathlib.Path, argv, write_section, draw) -> None:
     """Print the section `write_section(found, cfg, command, png link)`; unless --no-write, draw its plot and write it
     into the results file."""
     png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
@@ -312,12 +318,12 @@ def publish(found, cfg: dict, script: str, argv, write_section, draw) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lm.common_arguments(parser)
-    parser.add_argument("--section", default="length_attention", help="the RESULTS.md section to write")
+    lm.common_arguments(parser, HERE)
+    parser.add_argument("--section", default="length_attention", help="the section to write, and its plot's file name")
     cfg = resolve(parser, argv)
     found = lm.for_each_model(cfg, profile_variant)
     profiles = {variant: dict(zip(lm.seed_ids(cfg), runs)) for variant, runs in found.items()}
-    publish(profiles, cfg, "length_attention.py", argv, section, plot)
+    publish(profiles, cfg, __file__, argv, section, plot)
 
 
 if __name__ == "__main__":

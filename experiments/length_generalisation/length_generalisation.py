@@ -8,22 +8,23 @@ RoPE degrading sharply.
 
 Every variant shares the architecture (--arch, GPT+ by default: the paper's modded-nanogpt base is a pre-norm
 GPT with QK-norm), shape, data, seed and recipe; only the attention config differs (VARIANTS). Each trained
-checkpoint is kept under OUTPUT_DIR/<variant>-s<seed>/final (bench/needle.py fine-tunes the same ones), and a
-finished training or evaluation is reused when the script runs again. `--seeds N` trains N models per variant,
+checkpoint is kept under OUTPUT_DIR/<variant>-s<seed>/final (experiments/needle/needle.py fine-tunes the same
+ones), and a finished training or evaluation is reused when the script runs again. `--seeds N` trains N models per variant,
 seeds 0 … N-1; `--first-seed K` starts them at K, so a later session can add seed K alone (the same model, in the
 same directory, as in a run of more seeds). Beside the table of losses, the section splits the 16L windows' loss
 by position ([0, L), [L, 2L), [2L, 4L), ...: how far past L the growth happens) from the per-position curves the
 evaluator writes (length_eval/length.json), with a second plot; `--section NAME` writes a section of its own.
 
-    python bench/length_generalisation.py --jobs 2 --threads 1   # d=128, 4 layers, L=256, 1500 steps (~55 min, 2 cores)
-    python bench/length_generalisation.py --size quick    # minutes
-    python bench/length_generalisation.py --device        # d=768, 12 layers, L=1024 on a GPU
+    python experiments/length_generalisation/length_generalisation.py --jobs 2 --threads 1
+        # d=128, 4 layers, L=256, 1500 steps (~55 min, 2 cores)
+    python experiments/length_generalisation/length_generalisation.py --size quick   # minutes
+    python experiments/length_generalisation/length_generalisation.py --device       # d=768, 12 layers, L=1024 on a GPU
 
 `--split-digits` trains the BPE with every digit its own token (the recipe key tokenizer_split_digits), for models
-that copy numbers (bench/needle.py); those models need their own --output-dir and get their own sections.
+that copy numbers (experiments/needle/needle.py); those models need their own --output-dir and get their own sections.
 
 Held-out text (--eval-corpus): by default the last HELDOUT_CHARS characters of one corpus file (linux_docs.txt
-of bench/corpus: the kernel's KVM API document) are split off, cut at a paragraph break, and the models train
+of experiments/corpus: the kernel's KVM API document) are split off, cut at a paragraph break, and the models train
 on the rest (DATASET/.length_split/: the other files linked, that file's head copied), so every window
 of the length evaluation is mL tokens of one running text none of the models trained on. `--eval-corpus FILE`
 evaluates on FILE and trains on --dataset unchanged; `--eval-corpus blocks` is the earlier behaviour (training
@@ -37,12 +38,16 @@ import json
 import math
 import pathlib
 import statistics
-import types
+import sys
 
 import numpy as np
 
-import length_models as lm
-import results_file as rf
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]  # the experiments' and bench's helpers
+
+import length_models as lm  # noqa: E402
+import results_file as rf  # noqa: E402
+import study  # noqa: E402
 
 # Upper edges of the by-position table's bins of target positions, in units of L: [0, L), [L, 2L), [2L, 4L), ...
 POSITION_BIN_EDGES = (1, 2, 4, 8, 16)
@@ -52,14 +57,15 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
     """({multiple: loss}, the longest windows' per-position curves) from the length evaluator, cached beside the
     checkpoint: summary.json (the settings and losses) and the evaluator's length.json (the curves). An evaluation
     with other windows or text, or from before the evaluator wrote `position_excess`, is run again."""
+    from modeling_angpt.evaluation import EvalOptions
     from modeling_angpt.evaluation.length import run_suite
 
     cached = cached_evaluation(cfg, variant, seed)
     if cached is None:
         out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
         model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
-        options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"],
-                                        batch_size=1, train_length=cfg["length"], corpus=cfg["eval_file"])
+        options = EvalOptions(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["windows"], batch_size=1,
+                              train_length=cfg["length"], corpus=cfg["eval_file"])
         metrics = run_suite(model, tokenizer, checkpoint, options, out)
         (out / "summary.json").write_text(json.dumps({
             "windows": cfg["windows"], "eval": cfg["eval_file"] or "validation blocks",
@@ -71,7 +77,7 @@ def evaluate_variant(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Pat
 
 def cached_evaluation(cfg: dict, variant: str, seed: int) -> tuple[dict, dict] | None:
     """(summary.json, length.json) of the model's length evaluation when it was made with this run's windows and
-    text by an evaluator that writes `position_excess`; else None (bench/length_attention.py reads it too)."""
+    text by an evaluator that writes `position_excess`; else None (length_attention.py reads it too)."""
     out = lm.checkpoint_dir(cfg, variant, seed) / "length_eval"
     cached, written = out / "summary.json", out / "length.json"
     if not (cached.is_file() and written.is_file()):
@@ -157,7 +163,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str, curves: dict 
     lines = ["## Length generalisation: validation loss at L, 4L, 16L (scale-invariant paper, Table 1)"
              + lm.title_suffix(cfg) + lm.own_section_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
-             rf.corpus_line(cfg.get("dataset_given", cfg["dataset"]), cfg["eval_file"]), "",
+             study.corpus_line(cfg.get("dataset_given", cfg["dataset"]), cfg["eval_file"]), "",
              f"{cfg['arch']} models, d={cfg['hidden']}, {cfg['layers']} layers, {cfg['heads']} heads "
              f"(d_h={cfg['hidden'] // cfg['heads']}), {lm.tokenizer_text(cfg)}, trained at L={cfg['length']} for "
              f"{cfg['steps']} steps × {cfg['batch']}×{cfg['length']} tokens (lr {cfg['lr']:g}, the architecture's "
@@ -167,7 +173,7 @@ def section(results: dict, cfg: dict, command: str, png_link: str, curves: dict 
              + eval_description(cfg) + f", {cfg['windows']} windows of {ms[-1]}L tokens cut into windows of each "
              "length (the same tokens at every length). Paper at 4k/16k/64k: RoPE 3.261/3.936/5.260, "
              "ALiBi 3.281/3.272/3.270, LogN+p-RoPE 3.256/3.262/3.317, scale-invariant p-RoPE 3.244/3.235/3.247.", "",
-             rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), "",
+             study.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS}, cfg["size"]), "",
              "| variant | " + " | ".join(f"loss at {m}L ({m * cfg['length']})" for m in ms)
              + f" | {ms[-1]}L − L |", "|---|" + "---|" * (len(ms) + 1)]
     for variant, by_seed in results.items():
@@ -265,8 +271,8 @@ def train_and_evaluate(cfg: dict, variant: str, seed: int) -> tuple[dict, dict]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lm.common_arguments(parser)
-    parser.add_argument("--section", help="the RESULTS.md section to write (default length_generalisation, "
+    lm.common_arguments(parser, HERE)
+    parser.add_argument("--section", help="the section to write (default length_generalisation, "
                                           "or length_generalisation_split_digits); its title then names the seeds")
     cfg = lm.resolve(parser.parse_args(argv))
     evaluated = lm.for_each_model(cfg, train_and_evaluate)
@@ -275,7 +281,7 @@ def main(argv=None):
     name = cfg.get("section") or lm.section_name("length_generalisation", cfg)
     png = pathlib.Path(cfg["plots_dir"]) / f"{name}.png"
     position_png = png.with_name(f"{name}_by_position.png")
-    text = section(results, cfg, rf.command_line("length_generalisation.py", argv), rf.plot_link(cfg["results"], png),
+    text = section(results, cfg, rf.command_line(__file__, argv), rf.plot_link(cfg["results"], png),
                    curves, rf.plot_link(cfg["results"], position_png))
     print(text)
     if not cfg["no_write"]:

@@ -1,5 +1,6 @@
-"""The models of the scale-invariant paper's Table 1 and 2 benchmarks, shared by bench/length_generalisation.py
-(validation loss at L, 4L, 16L) and bench/needle.py (needle retrieval after fine-tuning): the six attention variants,
+"""The models of the scale-invariant paper's Table 1 and 2 experiments, shared by length_generalisation.py
+(validation loss at L, 4L, 16L), its analyses and experiments/needle/needle.py (needle retrieval after fine-tuning):
+the six attention variants,
 the sizes, the held-out split of the corpus, training (or reusing) one checkpoint per variant and seed, and the
 command-line arguments both scripts take. Only the attention config differs between variants (VARIANTS)."""
 from __future__ import annotations
@@ -10,11 +11,12 @@ import os
 import pathlib
 
 import results_file as rf
+import study
 
 HELDOUT_CHARS = 1_000_000  # ~280k tokens of the 8k BPE: 68 windows of 16 × 256, 4 × the default 16
 HELDOUT_SOURCE = "linux_docs.txt"  # long running prose (one document spans many windows), unlike gcide's entries
 
-SPLIT_DIR = ".length_split"  # hidden: `dataset: bench/corpus` skips it, so the full corpus stays what it was
+SPLIT_DIR = ".length_split"  # hidden: `dataset: experiments/corpus` skips it, so the full corpus stays what it was
 P_ROPE = {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5, "effective_base": 1024.0}
 VARIANTS = {
     "RoPE": {"rope_parameters": {"rope_type": "default", "partial_rotary_factor": 1.0, "rope_theta": 10000.0}},
@@ -122,7 +124,7 @@ def tokenizer_overrides(cfg: dict) -> list[str]:
 
 
 def section_name(base: str, cfg: dict) -> str:
-    """RESULTS.md section and plot name: models with split digits get their own, beside the default's."""
+    """Section and plot name: models with split digits get their own, beside the default's."""
     return base + ("_split_digits" if cfg["split_digits"] else "")
 
 
@@ -196,9 +198,10 @@ def shown(cfg: dict, path: str) -> str:
     return os.path.relpath(path)
 
 
-def common_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments bench/length_generalisation.py and bench/needle.py share: the models and where they live."""
-    rf.add_size_arguments(parser, SIZES, "GPU settings (same as --size device), run on CUDA")
+def common_arguments(parser: argparse.ArgumentParser, study_dir: pathlib.Path) -> None:
+    """The arguments length_generalisation.py, its analyses and experiments/needle/needle.py share: the models and
+    where they live; the section goes into `study_dir`'s README.md, its plots into `study_dir`/plots."""
+    study.add_size_arguments(parser, SIZES, "GPU settings (same as --size device), run on CUDA")
     for name in ("hidden", "layers", "heads", "vocab", "length", "batch", "steps", "windows"):
         parser.add_argument(f"--{name}", type=int, help="override the size's value")
     parser.add_argument("--lr", type=float, help="override the size's peak learning rate")
@@ -217,20 +220,20 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="models trained in parallel (processes; on a 2-core CPU, --jobs 2 --threads 1)")
     parser.add_argument("--threads", type=int, help="torch threads per job on the CPU (default: cores / jobs)")
-    parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
-    parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--recipe", default=str(study.RECIPES / "bench_debian_cpu.yaml"))
+    parser.add_argument("--dataset", default=str(study.CORPUS), help="built by experiments/common/build_corpus.sh")
     parser.add_argument("--eval-corpus", default="heldout",
                         help="text of the length evaluation: 'heldout' (default: a held-out tail of --dataset, the "
                              "models train on the rest), a text FILE, or 'blocks' (the validation blocks, "
                              "unrelated text after each L tokens)")
     parser.add_argument("--output-dir", default="runs/length_generalisation")
-    rf.add_output_arguments(parser)
+    rf.add_output_arguments(parser, results=study_dir / "README.md", plots_dir=study_dir / "plots")
 
 
 def resolve(args) -> dict:
     import torch
 
-    cfg = rf.sized_config(SIZES, args)
+    cfg = study.sized_config(SIZES, args)
     cfg["torch_device"] = "cuda" if args.device else "cpu"
     cfg["eval_file"] = None
     if cfg["eval_corpus"] == "heldout":
@@ -284,5 +287,5 @@ def prepare_data(cfg: dict) -> None:
     """The tokenizer and packed blocks every model trains on."""
     from modeling_angpt.training import load_recipe
 
-    rf.build_data(load_recipe(cfg["recipe"], [f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
-                                              f"block_size={cfg['length']}", *tokenizer_overrides(cfg)]))
+    study.build_data(load_recipe(cfg["recipe"], [f"dataset={cfg['dataset']}", f"tokenizer_vocab_size={cfg['vocab']}",
+                                                 f"block_size={cfg['length']}", *tokenizer_overrides(cfg)]))

@@ -3,7 +3,7 @@
 
 The raw logit S = s·q·k (s the softmax scale, q and k after the rotation) is a sum over the head's channel pairs:
 pair c (channels c and c + r/2, turning at ω_c radians per token) adds s·(q_c·k_c + q_{c+r/2}·k_{c+r/2}), and the
-channels that do not turn add the rest. bench/length_attention.py measured S's mean by distance of the key; this
+channels that do not turn add the rest. length_attention.py measured S's mean by distance of the key; this
 script splits that mean into its pairs (the parts add up to it exactly), for the queries the profile uses:
 positions [M/2·L, M·L) of M·L windows and [L/2, L) of 1× windows. A pair's part at distance t follows cos(ω_c·t + φ)
 for keys whose content does not depend on t; a pair that turns less than half a turn within L can lower S
@@ -15,9 +15,11 @@ on the same windows (`length_generalisation` of the library, multiples 1 and M):
 loss excess over them by position in the M·L windows ([L, 2L), [2L, 4L), ...). A pair whose part rises past L and
 whose removal cuts the excess there is a cause of the growth; its cost within L is the 1× loss.
 
-    python bench/length_rotary_pairs.py --jobs 2 --threads 1 --seeds 2 --variants p-RoPE "scale-invariant p-RoPE" \\
+    python experiments/length_generalisation/length_rotary_pairs.py --jobs 2 --threads 1 --seeds 2 \\
+        --variants p-RoPE "scale-invariant p-RoPE" \\
         --output-dir runs/length_default   # four default models, evaluated only (~13 min per model on one core)
-    python bench/length_rotary_pairs.py --size quick --variants "scale-invariant p-RoPE"   # minutes
+    python experiments/length_generalisation/length_rotary_pairs.py --size quick \\
+        --variants "scale-invariant p-RoPE"   # minutes
 
 It also measures each part's spread: its variance over the keys of an octave, each query's own (what one query's
 softmax sees), and its covariance with S, so that the table of drops can show S's variance with each pair gone.
@@ -26,7 +28,7 @@ A smaller spread by itself weighs the far keys less under the scale-invariant tr
 whatever spread they carry), and every query scaled so that S's variance falls by 10 % and by 20 % (spread taken
 from every part alike, no pair removed).
 
-The models are trained first when missing (the checkpoints and arguments of bench/length_generalisation.py).
+The models are trained first when missing (the checkpoints and arguments of length_generalisation.py).
 """
 from __future__ import annotations
 
@@ -38,11 +40,14 @@ import sys
 
 import numpy as np
 
-import length_models as lm
-import results_file as rf
-from length_attention import logit_spans, octave_count, publish, resolve, section_head
-from length_generalisation import binned, position_bin_labels
-from rotary_pairs_probe import (STATIC, PairRecorder, attention_calls, components, dropping, recording,
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]  # the experiments' and bench's helpers
+
+import length_models as lm  # noqa: E402
+import results_file as rf  # noqa: E402
+from length_attention import logit_spans, octave_count, publish, resolve, section_head  # noqa: E402
+from length_generalisation import binned, position_bin_labels  # noqa: E402
+from rotary_pairs_probe import (STATIC, PairRecorder, attention_calls, components, dropping, recording,  # noqa: E402
                                 scaling, spread_units, static_pairs)
 
 SPREAD_QUERIES = 256  # queries per window whose spread is measured (evenly spaced over the recorded ones)
@@ -133,7 +138,7 @@ def parts_table(analyses: dict, cfg: dict) -> list[str]:
              "(mean over layers and heads), for the 1× windows' queries at [L/2, L) and the "
              f"{m}L windows' queries at [{m // 2}L, {m}L). A pair is named by its frequency in radians per token; "
              f"'{STATIC}' is every channel that does not turn; 'S' is their sum, S's mean in "
-             "bench/length_attention.py.", "",
+             "length_attention.py.", "",
              "| model | part | " + " | ".join(label for _, label, _ in spans) + " |", "|---|---|" + "---|" * len(spans)]
     for variant, runs in analyses.items():
         for seed, run in zip(lm.seed_ids(cfg), runs):
@@ -260,14 +265,15 @@ def check_rotary(cfg: dict) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lm.common_arguments(parser)
-    parser.add_argument("--section", default="length_rotary_pairs", help="the RESULTS.md section to write")
+    lm.common_arguments(parser, HERE)
+    parser.add_argument("--section", default="length_rotary_pairs",
+                        help="the section to write, and its plot's file name")
     parser.add_argument("--drop", choices=("turning", "all"), default="turning",
                         help="the pairs dropped one at a time: the turning ones, or all (the channels that do not "
                              "turn too, two at a time, and the query scaled down, as controls)")
     cfg = resolve(parser, argv)
     check_rotary(cfg)
-    publish(lm.for_each_model(cfg, analyse_variant), cfg, "length_rotary_pairs.py", argv, section, plot)
+    publish(lm.for_each_model(cfg, analyse_variant), cfg, __file__, argv, section, plot)
 
 
 if __name__ == "__main__":

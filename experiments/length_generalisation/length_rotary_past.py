@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Whether a rotary pair's scores on the keys past the training length carry anything those keys earned.
 
-bench/length_rotary_pairs.py drops a pair on every key and finds that the fast pairs of scale-invariant p-RoPE cut
+length_rotary_pairs.py drops a pair on every key and finds that the fast pairs of scale-invariant p-RoPE cut
 its loss growth past L by more than their share of S's spread explains, while the channels that do not turn give up
 as much spread with no gain. This script edits S only on the keys at distance t ≥ L (the queries' keys within L keep
 every part, so the 1× windows are untouched), for each pair that `--drop all` drops (the turning pairs and the
@@ -16,11 +16,13 @@ channels that do not turn, two at a time):
 
 and, as the scale control, every part of S past L times √0.8 (its variance there × 0.8, no pair removed).
 
-    python bench/length_rotary_past.py --jobs 2 --threads 1 --seeds 3 --variants "scale-invariant p-RoPE" \\
+    python experiments/length_generalisation/length_rotary_past.py --jobs 2 --threads 1 --seeds 3 \\
+        --variants "scale-invariant p-RoPE" \\
         --output-dir runs/length_default   # three default models, evaluated only
-    python bench/length_rotary_past.py --size quick --variants "scale-invariant p-RoPE"   # minutes
+    python experiments/length_generalisation/length_rotary_past.py --size quick \\
+        --variants "scale-invariant p-RoPE"   # minutes
 
-It reads each model's intact losses, whole drops and spread from bench/length_rotary_pairs.py's cache
+It reads each model's intact losses, whole drops and spread from length_rotary_pairs.py's cache
 (rotary_pairs.json, measured first when missing) and keeps its own beside it (rotary_past.json).
 """
 from __future__ import annotations
@@ -33,12 +35,16 @@ import sys
 
 import numpy as np
 
-import length_models as lm
-import results_file as rf
-from length_attention import logit_spans, publish, resolve, section_head
-from length_generalisation import position_bin_labels
-from length_rotary_pairs import analyse_variant, check_rotary, losses, shrunk_label, variance_without
-from rotary_pairs_probe import STATIC, attention_calls, components, editing_past, spread_units, static_pairs
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]  # the experiments' and bench's helpers
+
+import length_models as lm  # noqa: E402
+import results_file as rf  # noqa: E402
+from length_attention import logit_spans, publish, resolve, section_head  # noqa: E402
+from length_generalisation import position_bin_labels  # noqa: E402
+from length_rotary_pairs import analyse_variant, check_rotary, losses, shrunk_label, variance_without  # noqa: E402
+from rotary_pairs_probe import (STATIC, attention_calls, components, editing_past, spread_units,  # noqa: E402
+                                static_pairs)
 
 SHARE = 0.8  # the scale control past L: S's variance there × SHARE
 SCALED = f"every part × {math.sqrt(SHARE):.3f}"
@@ -127,7 +133,7 @@ def spread_and_shuffle(run: dict, label: str, windows: str, octave: int) -> floa
 
 def past_table(analyses: dict, cfg: dict) -> list[str]:
     """Per model and unit: the change in the loss excess at [2L, 4L) and at the farthest bin, dropped on every key
-    (bench/length_rotary_pairs.py's), dropped past L and shuffled past L, beside S's variance there after each."""
+    (length_rotary_pairs.py's), dropped past L and shuffled past L, beside S's variance there after each."""
     m = cfg["multiples"][-1]
     bins = position_bin_labels(m)[1:]
     columns = (bins.index("[2L, 4L)"), len(bins) - 1)
@@ -240,11 +246,12 @@ def section(analyses: dict, cfg: dict, command: str, png_link: str) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lm.common_arguments(parser)
-    parser.add_argument("--section", default="length_rotary_past", help="the RESULTS.md section to write")
+    lm.common_arguments(parser, HERE)
+    parser.add_argument("--section", default="length_rotary_past",
+                        help="the section to write, and its plot's file name")
     cfg = {**resolve(parser, argv), "drop": "all"}
     check_rotary(cfg)
-    publish(lm.for_each_model(cfg, analyse_past), cfg, "length_rotary_past.py", argv, section, plot)
+    publish(lm.for_each_model(cfg, analyse_past), cfg, __file__, argv, section, plot)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The rotary pairs of a length model's attention, and wraps of its attention call that record, drop or scale them
-(bench/length_rotary_pairs.py).
+(length_rotary_pairs.py).
 
 The raw logit S = s·q·k (s the softmax scale, q and k after the rotation) is a sum over the head's channel pairs:
 pair c (channels c and c + r/2, turning at ω_c radians per token) adds s·(q_c·k_c + q_{c+r/2}·k_{c+r/2}), and the
@@ -131,8 +131,8 @@ class PairRecorder:
 @contextlib.contextmanager
 def attention_calls(wrap):
     """Route the decoder's attention calls through `wrap(attend)`: the one place where q and k are seen after the
-    rotation and LogN's query scale (the test suite's oracle for bench/length_attention.py taps the same call)."""
-    import modeling_angpt.decoder_angpt as decoder
+    rotation and LogN's query scale (the test suite's oracle for length_attention.py taps the same call)."""
+    import modeling_angpt.modeling_angpt as decoder
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     original = decoder.get_attention_function
@@ -204,7 +204,7 @@ def editing_past(length: int, channels: list[int], factor: float = 0.0, shuffle:
     from transformers.integrations.sdpa_attention import repeat_kv
 
     import modeling_angpt.attention_angpt as attention
-    from modeling_angpt.masks_angpt import every_row
+    from modeling_angpt.attention_angpt import every_row
 
     generator = torch.Generator().manual_seed(seed)
 

@@ -1,4 +1,4 @@
-"""bench/length_attention.py: its probe records the attention weights the model itself computes and the raw
+"""length_attention.py: its probe records the attention weights the model itself computes and the raw
 logits q·k/√d_h it starts from (checked against the eager path's returned weights and against q and k taken
 straight from the attention call), leaves the model's output alone, and the script runs end to end."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
-from bench_fixtures import bench, tiny_length_models  # noqa: F401 (fixture)
+from smoke_arguments import tiny_length_models
 
 from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register
 
@@ -17,8 +17,8 @@ RUNS = [("scale_invariant", {"rope_type": "scale_invariant_p", "partial_rotary_f
 
 
 @pytest.fixture
-def probes(bench):  # noqa: F811
-    """bench/length_attention.py imported; the probe transforms it registers are removed again afterwards."""
+def probes(experiment):
+    """length_attention.py imported; the probe transforms it registers are removed again afterwards."""
     import length_attention
 
     yield length_attention
@@ -71,15 +71,15 @@ def test_probe_records_the_models_own_weights_and_raw_logits(probes, transform, 
                                        values.std(-1, unbiased=False), atol=1e-4, rtol=1e-3)
 
 
-def test_length_attention_smoke(bench, probes, tmp_path):  # noqa: F811
-    out, results, _, _ = bench
+def test_length_attention_smoke(experiment, probes, tmp_path):
+    out, results, _, _ = experiment
     import length_generalisation
 
-    models = tiny_length_models(bench, tmp_path, "ALiBi", "scale-invariant p-RoPE")
+    models = tiny_length_models(experiment, tmp_path, "ALiBi", "scale-invariant p-RoPE")
     length_generalisation.main([*models, *out])
     probes.main([*models, *out])
     text = results.read_text().split("<!-- length_attention:start -->")[1].split("<!-- length_attention:end")[0]
-    assert "python bench/length_attention.py" in text and "Machine:" in text
+    assert "python experiments/length_generalisation/length_attention.py" in text and "Machine:" in text
     assert "## Length generalisation: where the attention goes past L, seed 0, 2 steps, d=32, 1 layer\n" in text
     rows = [line for line in text.splitlines() if line.startswith("| ALiBi, seed 0 |")
             or line.startswith("| scale-invariant p-RoPE, seed 0 |")]

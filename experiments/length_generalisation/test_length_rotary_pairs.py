@@ -1,9 +1,9 @@
-"""bench/length_rotary_pairs.py: its parts of the raw logit are the rotary pairs, and their spread is each query's
+"""length_rotary_pairs.py: its parts of the raw logit are the rotary pairs, and their spread is each query's
 variance over its keys (both checked by brute force against q and k taken from the attention call, and by the
 relative-position property: shifting every position leaves each pair's products unchanged); S's variance after a
 drop, computed from the intact model, is the changed model's; dropping a pair is zeroing its query channels
 (checked against the model with those channels' QK-norm gain at zero); and the script runs end to end, its intact
-row reproducing the benchmark's loss."""
+row reproducing the experiment's loss."""
 from __future__ import annotations
 
 import contextlib
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
-from bench_fixtures import bench, tiny_length_models  # noqa: F401 (fixture)
+from smoke_arguments import tiny_length_models
 
 
 SI_P_ROPE = {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5}
@@ -21,7 +21,7 @@ PARTIAL_ROPE = {"rope_type": "default", "partial_rotary_factor": 0.5}
 
 
 @pytest.fixture
-def pairs(bench):  # noqa: F811
+def pairs(experiment):
     import length_rotary_pairs
 
     return length_rotary_pairs
@@ -154,18 +154,18 @@ def test_dropping_a_pair_is_zeroing_its_query_channels(pairs):
     assert not torch.allclose(intact, expected)
 
 
-def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
-    out, results, _, _ = bench
+def test_length_rotary_pairs_smoke(experiment, pairs, tmp_path):
+    out, results, _, _ = experiment
     import length_attention
     import length_generalisation
 
-    models = tiny_length_models(bench, tmp_path, "p-RoPE", "scale-invariant p-RoPE")
+    models = tiny_length_models(experiment, tmp_path, "p-RoPE", "scale-invariant p-RoPE")
     length_generalisation.main([*models, *out])
     length_attention.main([*models, *out])
     pairs.main([*models, *out])
     text = results.read_text()
     section = text.split("<!-- length_rotary_pairs:start -->")[1].split("<!-- length_rotary_pairs:end")[0]
-    assert "python bench/length_rotary_pairs.py" in section and "Machine:" in section
+    assert "python experiments/length_generalisation/length_rotary_pairs.py" in section and "Machine:" in section
     assert "## Length generalisation: which rotary pairs make the distance penalty, seed 0, 2 steps" in section
 
     def rows(body: str, start: str) -> list[list[str]]:
@@ -179,7 +179,7 @@ def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
         assert [row[1] for row in parts] == [*turning, pairs.STATIC, "S"]
         for column in range(2, len(parts[0])):  # the parts add up to S
             assert sum(float(row[column]) for row in parts[:-1]) == pytest.approx(float(parts[-1][column]), abs=0.003)
-        mean_of_s = rows(profile, f"| {variant}, seed 0 | ")[-1][1].split(",")[0]  # bench/length_attention.py's μ
+        mean_of_s = rows(profile, f"| {variant}, seed 0 | ")[-1][1].split(",")[0]  # length_attention.py's μ
         assert float(parts[-1][2]) == pytest.approx(float(mean_of_s), abs=0.006)
         spread = rows(section.split("The spread of each part")[1].split("Each rotating pair")[0], f"| {variant}, s")
         assert [row[1] for row in spread] == [*turning, pairs.STATIC, "S", "between parts"]
@@ -189,7 +189,7 @@ def test_length_rotary_pairs_smoke(bench, pairs, tmp_path):  # noqa: F811
             assert all(float(row[column]) >= 0 for row in spread[:-1])
         ablation = rows(section.split("Each rotating pair dropped")[1], f"| {variant}, seed 0 | ")
         assert [row[1] for row in ablation] == ["none", *turning]
-        assert ablation[0][2] == rows(losses, f"| {variant} | ")[0][1]  # the intact model: the benchmark's 1× loss
+        assert ablation[0][2] == rows(losses, f"| {variant} | ")[0][1]  # the intact model: the experiment's 1× loss
         assert len(ablation[0]) == 9 and all(cell.startswith(("+", "-")) for cell in ablation[0][3:7])
         assert ablation[0][7:] == [spread[-2][2], spread[-2][-1]]  # the intact S's variance, within L and farthest
     assert (tmp_path / "plots" / "length_rotary_pairs.png").is_file()

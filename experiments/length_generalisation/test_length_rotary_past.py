@@ -1,6 +1,6 @@
-"""bench/length_rotary_past.py: an edit past L changes the raw logit S only on the keys at distance t ≥ L (checked
+"""length_rotary_past.py: an edit past L changes the raw logit S only on the keys at distance t ≥ L (checked
 by brute force against the first layer's attention weights, computed from q and k taken from the attention call);
-on every key (L = 0) it is the whole drop and the scaled query of bench/length_rotary_pairs.py; a shuffled part keeps
+on every key (L = 0) it is the whole drop and the scaled query of length_rotary_pairs.py; a shuffled part keeps
 each query's values and moves them among its keys past L; and the script runs end to end."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
-from bench_fixtures import bench, tiny_length_models  # noqa: F401 (fixture)
+from smoke_arguments import tiny_length_models
 
 from modeling_angpt.attention_angpt import CHUNKED
 
@@ -19,14 +19,14 @@ PARTIAL_ROPE = {"rope_type": "default", "partial_rotary_factor": 0.5}
 
 
 @pytest.fixture
-def past(bench):  # noqa: F811
+def past(experiment):
     import length_rotary_past
 
     return length_rotary_past
 
 
 @pytest.fixture
-def probe(bench):  # noqa: F811
+def probe(experiment):
     import rotary_pairs_probe
 
     return rotary_pairs_probe
@@ -137,13 +137,13 @@ def test_spread_and_shuffle_adds_the_controls_rate_to_the_shuffle(past):
         == list(past.KINDS)
 
 
-def test_length_rotary_past_smoke(bench, past, tmp_path):  # noqa: F811
-    out, results, _, _ = bench
-    models = tiny_length_models(bench, tmp_path, "scale-invariant p-RoPE")
+def test_length_rotary_past_smoke(experiment, past, tmp_path):
+    out, results, _, _ = experiment
+    models = tiny_length_models(experiment, tmp_path, "scale-invariant p-RoPE")
     past.main([*models, *out])
     text = results.read_text()
     section = text.split("<!-- length_rotary_past:start -->")[1].split("<!-- length_rotary_past:end")[0]
-    assert "python bench/length_rotary_past.py" in section and "Machine:" in section
+    assert "python experiments/length_generalisation/length_rotary_past.py" in section and "Machine:" in section
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| scale-invariant p-RoPE, seed 0 | ")]
     assert "length_rotary_pairs:start" not in text  # it reads the pairs' cache, it does not write their section
@@ -157,7 +157,7 @@ def test_length_rotary_past_smoke(bench, past, tmp_path):  # noqa: F811
     for label in labels[1:]:  # an edit past L leaves the 1× windows alone
         for found in cache["past"][label].values():
             assert found["single"] == whole["intact"]["single"]
-    for row in rows[1:-1]:  # the whole drop's column is bench/length_rotary_pairs.py's
+    for row in rows[1:-1]:  # the whole drop's column is length_rotary_pairs.py's
         dropped = whole["dropped"][row[1]]["excess"]
         assert float(row[5]) == pytest.approx(dropped[-1] - whole["intact"]["excess"][-1], abs=6e-4)
     # the summary: the rows of each kind (ω·L ≥ π: 1 and 1/10 at L = 256), their mean, the control's variance

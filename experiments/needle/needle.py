@@ -1,6 +1,6 @@
 #!/usr/bin/env python
-"""Needle retrieval (scale-invariant paper, Table 2): the models of bench/length_generalisation.py,
-each fine-tuned with the needle recipe at its training length L, then asked for three needles at L and 4L.
+"""Needle retrieval (scale-invariant paper, Table 2): the models of the length-generalisation experiment, each
+fine-tuned with the needle recipe at its training length L, then asked for three needles at L and 4L.
 
 Paper (162M, fine-tuned 300 steps at 4k, tested at 64k): scale-invariant p-RoPE 0.969, LogN+p-RoPE 0.939, every
 other variant ≤ 0.06; at 4k all are ≥ 0.9. Accuracy counts a needle only when city and number are both right.
@@ -13,10 +13,10 @@ diagnostics per model: numbers recalled and cities named, answers that keep the 
 fine-tuning's log its validation loss and the step at which its training loss left the plateau; and at each length
 above L, accuracy and numbers recalled by the needle's distance from the question (within L, L to 2L, ...).
 
-    python bench/needle.py --jobs 2 --threads 1   # the length-generalisation default models, 300 fine-tuning steps
-    python bench/needle.py --size quick       # minutes
-    python bench/needle.py --device           # on a GPU, the device-size models
-    python bench/needle.py --jobs 2 --threads 1 --split-digits --output-dir runs/length_digits
+    python experiments/needle/needle.py --jobs 2 --threads 1   # the length models, 300 fine-tuning steps
+    python experiments/needle/needle.py --size quick           # minutes
+    python experiments/needle/needle.py --device               # on a GPU, the device-size models
+    python experiments/needle/needle.py --jobs 2 --threads 1 --split-digits --output-dir runs/length_digits
                                               # base models whose tokenizer splits digits (own section)
 """
 from __future__ import annotations
@@ -26,10 +26,15 @@ import json
 import pathlib
 import re
 import statistics
-import types
+import sys
 
-import length_models as lm
-import results_file as rf
+HERE = pathlib.Path(__file__).resolve().parent
+# the length-generalisation models, the experiments' helpers and bench's
+sys.path[:0] = [str(HERE.parent / "length_generalisation"), str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]
+
+import length_models as lm  # noqa: E402
+import results_file as rf  # noqa: E402
+import study  # noqa: E402
 
 # Fine-tuning at the pretraining learning rate, as the paper does (the recipe's schedule: 10 % warm-up, linear decay).
 FINETUNE = {"default": dict(ft_steps=300, ft_batch=8, examples=50, multiples=[1, 4]),
@@ -58,6 +63,7 @@ def finetune(cfg: dict, variant: str, seed: int, base: pathlib.Path) -> pathlib.
 
 def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> dict:
     """{multiple: accuracy} from the needle evaluator, cached beside the fine-tuned checkpoint."""
+    from modeling_angpt.evaluation import EvalOptions
     from modeling_angpt.evaluation.needle import run_suite
 
     out = checkpoint.parent / "needle_eval"
@@ -65,8 +71,8 @@ def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> di
     if cached.is_file() and json.loads(cached.read_text()).get("examples") == cfg["examples"]:
         return {int(k): v for k, v in json.loads(cached.read_text())["acc"].items()}
     model, tokenizer = lm.load(checkpoint, cfg["torch_device"])
-    options = types.SimpleNamespace(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["examples"], seed=seed,
-                                    log_samples=True, train_length=cfg["length"])
+    options = EvalOptions(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["examples"], seed=seed,
+                          log_samples=True, train_length=cfg["length"])
     metrics = run_suite(model, tokenizer, checkpoint, options, out)
     accuracy = {m: metrics[f"needle_x{m}"]["acc"] for m in cfg["multiples"]}
     cached.write_text(json.dumps({"examples": cfg["examples"], "acc": accuracy}))
@@ -140,7 +146,7 @@ def by_distance(cfg: dict, variant: str, seed: int) -> dict:
     A needle's distance from the question is the share of the haystack after it, (1 − depth) × multiple, in units
     of L (depth: the share of the filler's characters before it, so the distance in tokens is approximate). Found:
     city and number right, as the accuracy counts it (needle_hits); numbers recalled as in `recall`."""
-    from modeling_angpt.evaluation.needle_task import needle_hits
+    from modeling_angpt.tasks.needle import needle_hits
 
     samples, counts = logged_samples(cfg, variant, seed), {}
     for m in (m for m in cfg["multiples"] if m > 1):
@@ -236,7 +242,7 @@ def section(results: dict, recalls: dict, curves: dict, distances: dict, cfg: di
     lines = ["## Needle retrieval after fine-tuning at L: accuracy at L and 4L (scale-invariant paper, Table 2)"
              + lm.title_suffix(cfg), "",
              f"`{command}`", "", rf.machine_line(cfg["torch_device"]), "",
-             rf.corpus_line(cfg.get("dataset_given", cfg["dataset"])), "",
+             study.corpus_line(cfg.get("dataset_given", cfg["dataset"])), "",
              f"Base models: the length-generalisation models ({cfg['arch']}, d={cfg['hidden']}, {cfg['layers']} layers, "
              f"{lm.tokenizer_text(cfg)}, trained at L={cfg['length']} for {cfg['steps']} steps; seeds {lm.seed_ids(cfg)}). "
              f"Each fine-tuned {cfg['ft_steps']} steps × "
@@ -245,7 +251,7 @@ def section(results: dict, recalls: dict, curves: dict, distances: dict, cfg: di
              f"{cfg['examples']} held-out haystacks per length, three needles each, greedy decoding; accuracy = share "
              "of needles with city and number right. Paper at 64k after fine-tuning at 4k: scale-invariant p-RoPE "
              "0.969, LogN+p-RoPE 0.939, the others ≤ 0.06.", "",
-             rf.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS, **FINETUNE[cfg["size"]],
+             study.changed_settings(cfg, {**lm.SIZES[cfg["size"]], **lm.DEFAULTS, **FINETUNE[cfg["size"]],
                                        "ft_lr": lm.SIZES[cfg["size"]]["lr"]}, cfg["size"]), "",
              "| variant | " + " | ".join(f"accuracy at {m}L ({m * cfg['length']})" for m in ms) + " | "
              + " | ".join(f"numbers recalled at {m}L" for m in ms) + " | "
@@ -317,15 +323,15 @@ def finetune_and_evaluate(cfg: dict, variant: str, seed: int) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
-    lm.common_arguments(parser)
+    lm.common_arguments(parser, HERE)
     for name in ("ft_steps", "ft_batch", "examples"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the size's value")
     parser.add_argument("--ft-save-steps", type=int, default=0,
                         help="keep a fine-tuning checkpoint every N steps (all kept; default 0: only the final model)")
     parser.add_argument("--ft-lr", type=float, help="fine-tuning learning rate (default: the pretraining one)")
-    parser.add_argument("--needle-recipe", default=str(rf.HERE.parent / "configuration/recipes/needle_finetune.yaml"))
+    parser.add_argument("--needle-recipe", default=str(study.RECIPES / "needle_finetune.yaml"))
     args = parser.parse_args(argv)
-    size = rf.chosen_size(args)
+    size = study.chosen_size(args)
     for key, value in FINETUNE[size].items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -337,7 +343,7 @@ def main(argv=None):
     recalls = {variant: [recall(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
     curves = {variant: [finetune_curve(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
     distances = {variant: [by_distance(cfg, variant, seed) for seed in lm.seed_ids(cfg)] for variant in results}
-    text = section(results, recalls, curves, distances, cfg, rf.command_line("needle.py", argv),
+    text = section(results, recalls, curves, distances, cfg, rf.command_line(__file__, argv),
                    rf.plot_link(cfg["results"], png))
     print(text)
     if not cfg["no_write"]:

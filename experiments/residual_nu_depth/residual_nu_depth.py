@@ -2,22 +2,23 @@
 """anGPT with and without ν(α) on its LERP residuals, at 12 and 24 layers, side by side (the anGPT paper: without
 it, training is unstable).
 
-The convergence benchmark's ablation found no instability without ν(α) at 4 layers. Without the factor, each of the
-2L residual updates (1 − α)h + αx of unit, independent h and x has norm √((1 − α)² + α²) instead of 1 (SPEC §1.3,
-docs/architectures.md), so the stream shrinks by about that factor per update, and the effect grows with depth
-at a fixed α init. This script trains anGPT at the convergence benchmark's shape, data and recipe (its default
-size, or with --device its GPU size; SPEC §1: Adam, no warm-up, cosine to 0.01 × peak, clip 1.0, the project's width
-rule and s_z speed) at each LAYERS:ALPHA pair, with and without ν(α), side by side, and reports the final validation
+The convergence experiment's ablation found no instability without ν(α) at 4 layers. Without the factor, each of the
+2L residual updates (1 − α)h + αx of unit, independent h and x has norm √((1 − α)² + α²) instead of 1
+(docs/architectures.md, the `angpt` section), so the stream shrinks by about that factor per update, and the effect
+grows with depth at a fixed α init. This script trains anGPT at the convergence experiment's shape, data and recipe
+(its default size, or with --device its GPU size; docs/architectures.md: Adam, no warm-up, cosine to 0.01 × peak,
+clip 1.0, the project's width rule and s_z speed) at each LAYERS:ALPHA pair, with and without ν(α), side by side, and reports the final validation
 loss, whether it diverged, the largest rise of the validation loss above its running minimum, the largest gradient
 norm, and the residual stream's norm after each layer of the trained model on held-out text.
 
-    python bench/residual_nu_depth.py                    # 12 and 24 layers (~1 h on 2 CPU cores)
-    python bench/residual_nu_depth.py --pairs 12:0.05 12:0.0333 24:0.0167 24:0.01 --seeds 3 --steps 40 \
-        --eval-steps 20 --output-dir runs/residual_nu_depth_start --section residual_nu_depth_start \
-        --title ", first 40 steps"                      # the start of training, three seeds
-    python bench/residual_nu_depth.py --pairs 24:0.0167 --lr 0.004 --first-seed 2   # one long pair, seed 2 alone
-    python bench/residual_nu_depth.py --device --hidden 1024 --heads 16 --pairs 24:0.05 24:0.01 \
-        --output-dir runs/residual_nu_depth-device      # on a GPU: the convergence benchmark's device size, wider
+    python experiments/residual_nu_depth/residual_nu_depth.py   # 12 and 24 layers (~1 h on 2 CPU cores)
+    python experiments/residual_nu_depth/residual_nu_depth.py --pairs 12:0.05 12:0.0333 24:0.0167 24:0.01 \
+        --seeds 3 --steps 40 --eval-steps 20 --output-dir runs/residual_nu_depth_start \
+        --section residual_nu_depth_start --title ", first 40 steps"   # the start of training, three seeds
+    python experiments/residual_nu_depth/residual_nu_depth.py --pairs 24:0.0167 --lr 0.004 --first-seed 2
+        # one long pair, seed 2 alone
+    python experiments/residual_nu_depth/residual_nu_depth.py --device --hidden 1024 --heads 16 \
+        --pairs 24:0.05 24:0.01 --output-dir runs/residual_nu_depth-device   # a GPU: the convergence GPU size, wider
 
 Finished runs are cached as OUTPUT_DIR/<run>/result.json: a rerun of the same command resumes.
 """
@@ -28,16 +29,22 @@ import math
 import os
 import pathlib
 import statistics
+import sys
 
-import convergence
-import convergence_runs
-import results_file as rf
+HERE = pathlib.Path(__file__).resolve().parent
+# the convergence experiment's runs, the experiments' helpers and bench's
+sys.path[:0] = [str(HERE.parent / "convergence"), str(HERE.parent / "common"), str(HERE.parents[1] / "bench")]
 
-BEST_4_LAYER_LR = 8e-3  # anGPT's best peak rate in the convergence benchmark's sweep (bench/RESULTS.md)
+import convergence  # noqa: E402
+import convergence_runs  # noqa: E402
+import results_file as rf  # noqa: E402
+import study  # noqa: E402
+
+BEST_4_LAYER_LR = 8e-3  # anGPT's best peak rate in the convergence experiment's sweep (experiments/convergence)
 
 
 def default_lr(size: str) -> float:
-    """The measured 4-layer best, scaled for a size as the convergence benchmark scales the centre of its anGPT
+    """The measured 4-layer best, scaled for a size as the convergence experiment scales the centre of its anGPT
     sweep (the device size was not swept: a larger model and batch start from half the rate)."""
     centre = lambda name: convergence.SIZES[name]["centre"]["angpt"]  # noqa: E731
     return BEST_4_LAYER_LR * centre(size) / centre("default")
@@ -126,7 +133,7 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
     seeds = (f"seed {seed_numbers[0]}" if len(seed_numbers) == 1
              else f"seeds {seed_numbers[0]}–{seed_numbers[-1]}")
     lines = [f"## Residual ν(α) at depth{cfg['title']}: anGPT with and without it (the anGPT paper: without it, "
-             "training is unstable)", "", f"`{command}`", "", rf.corpus_line(cfg["dataset"]), "",
+             "training is unstable)", "", f"`{command}`", "", study.corpus_line(cfg["dataset"]), "",
              f"{cfg['machine']} anGPT d={cfg['hidden']}, {cfg['heads']} heads, MLP 4d, vocab {cfg['vocab']}, context "
              f"{cfg['block']}; the anGPT recipe at peak lr {cfg['lr']:g} ("
              + ("" if cfg["lr"] == BEST_4_LAYER_LR else f"{cfg['lr'] / BEST_4_LAYER_LR:g} × ")
@@ -213,26 +220,26 @@ def parse_config(argv) -> dict:
     parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (12, 0.0333), (24, 0.05)],
                         metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs (default: 12:0.05 "
                         "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
-    rf.add_size_arguments(parser, ("default", "device"))  # the convergence benchmark's sizes, but its quick one
+    study.add_size_arguments(parser, ("default", "device"))  # the convergence experiment's sizes, but its quick one
     parser.add_argument("--lr", type=float, help="peak learning rate (default: anGPT's best at 4 layers, 8e-3, "
-                        "halved at the device size as the convergence benchmark halves its sweep's centre)")
+                        "halved at the device size as the convergence experiment halves its sweep's centre)")
     parser.add_argument("--seeds", type=int, default=1, help="how many seeds of every run")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="the first of those seeds (a long setting can then be run one seed at a time)")
-    parser.add_argument("--section", default="residual_nu_depth", help="the RESULTS.md section to write")
+    parser.add_argument("--section", default="residual_nu_depth", help="the section to write, and its plot's file name")
     parser.add_argument("--title", default="", help="added to the section's heading (a second section of this script)")
     for name in ("hidden", "heads", "vocab", "block", "batch", "steps", "eval_steps", "eval_batches"):
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, help="override the convergence default")
-    parser.add_argument("--recipe", default=str(rf.HERE.parent / "configuration/recipes/bench_debian_cpu.yaml"))
-    parser.add_argument("--dataset", default=str(rf.HERE / "corpus"), help="built by bench/build_corpus.sh")
+    parser.add_argument("--recipe", default=str(study.RECIPES / "bench_debian_cpu.yaml"))
+    parser.add_argument("--dataset", default=str(study.CORPUS), help="built by experiments/common/build_corpus.sh")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (processes)")
     parser.add_argument("--threads", type=int, help="torch threads per run (default: cores / jobs)")
     parser.add_argument("--output-dir", default="runs/residual_nu_depth")
-    rf.add_output_arguments(parser)
+    rf.add_output_arguments(parser, results=HERE / "README.md", plots_dir=HERE / "plots")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.first_seed < 0:
         parser.error(f"--seeds must be at least 1 and --first-seed at least 0, got {args.seeds} and {args.first_seed}")
-    cfg = rf.sized_config(convergence.SIZES, args)
+    cfg = study.sized_config(convergence.SIZES, args)
     cfg.setdefault("lr", default_lr(cfg["size"]))  # --lr when given
     cfg["threads"] = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
     return cfg
@@ -240,8 +247,8 @@ def parse_config(argv) -> dict:
 
 def main(argv=None):
     cfg = parse_config(argv)
-    rf.claim_output_dir("residual_nu_depth.py", cfg["output_dir"], {k: cfg[k] for k in convergence_runs.SETTINGS})
-    command = rf.command_line("residual_nu_depth.py", argv)
+    study.claim_output_dir("residual_nu_depth.py", cfg["output_dir"], {k: cfg[k] for k in convergence_runs.SETTINGS})
+    command = rf.command_line(__file__, argv)
     png = pathlib.Path(cfg["plots_dir"]) / f"{cfg['section']}.png"
     cfg["plot_link"] = rf.plot_link(cfg["results"], png)
     cfg["probe"] = stream_norms

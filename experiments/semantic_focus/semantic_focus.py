@@ -3,14 +3,14 @@
 Parity and ListOps (and, on request, Missing Duplicates) with the paper's protocol (`angpt semantic-focus`:
 bidirectional classifier, mean pooling, SGD + StepLR, batch 25, clip 0.5), several seeds. Reports the first
 epoch with ≥ 95 % training accuracy (the paper's convergence criterion) and the held-out accuracy, writes its
-section of bench/RESULTS.md and bench/plots/semantic_focus*.png. The paper: top-k converges faster than full
-attention; window and block do not.
+section of experiments/semantic_focus/README.md and plots/semantic_focus*.png there. The paper: top-k converges
+faster than full attention; window and block do not.
 
 Profiles (sizes per task are in PROFILES below):
-    python bench/semantic_focus.py            # default: 3 seeds, about two hours on 2 CPU cores
-    python bench/semantic_focus.py --quick    # 1 seed, smaller sets and budgets: minutes
-    python bench/semantic_focus.py --paper --device cuda   # the paper's sizes and epoch budgets (GPU)
-    python bench/semantic_focus.py --backbone paper        # the paper's own encoder instead of the library's model
+    python experiments/semantic_focus/semantic_focus.py            # default: 3 seeds, about two hours on 2 CPU cores
+    python experiments/semantic_focus/semantic_focus.py --quick    # 1 seed, smaller sets and budgets: minutes
+    python experiments/semantic_focus/semantic_focus.py --paper --device cuda   # the paper's sizes and budgets (GPU)
+    python experiments/semantic_focus/semantic_focus.py --backbone paper        # the paper's own encoder
 `--backbone paper` (paper_encoder.py) writes its own sections, `semantic_focus[_<profile>]_paper_encoder`;
 `--section NAME` writes another, so that a run of one task (say Parity at its 1000-epoch budget) sits beside the
 section of the others instead of replacing it.
@@ -36,8 +36,8 @@ import sys
 import time
 
 HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(1, str(HERE.parent))
+# the experiments' and bench's helpers, and this checkout's modeling_angpt rather than an installed copy
+sys.path[:0] = [str(HERE.parent / "common"), str(HERE.parents[1] / "bench"), str(HERE.parents[1])]
 
 from results_file import (add_output_arguments, command_line, counted, cpu_name, gpu_name,  # noqa: E402
                           help_description, plot_link, save_figure, update_section)
@@ -260,10 +260,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--output-dir", default=None, help="default runs/semantic_focus-<profile>")
     parser.add_argument("--section", default=None,
-                        help="RESULTS.md section and plot name, default semantic_focus[_<profile>][_paper_encoder]; "
+                        help="section and plot name, default semantic_focus[_<profile>][_paper_encoder]; "
                              "name another (semantic_focus_...) to keep a run of some tasks beside a section "
                              "already written for others")
-    add_output_arguments(parser)
+    add_output_arguments(parser, results=HERE / "README.md", plots_dir=HERE / "plots")
     parser.add_argument("--verbose", action="store_true", help="print every epoch of every run")
     args = parser.parse_args(argv)
 
@@ -316,7 +316,7 @@ def main(argv=None) -> dict:
     (output_dir / "runs.json").write_text(json.dumps(runs, indent=1))
     table = summarise(runs, tasks, variants)
 
-    command = command_line("semantic_focus.py", argv)
+    command = command_line(__file__, argv)
     backbone = BACKBONE_TEXT[args.backbone]
     compared = " vs ".join(VARIANT_NAMES[v] for v in variants) + " attention"
     if args.section:  # a section beside the profile's own: say which tasks it holds

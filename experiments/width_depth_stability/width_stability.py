@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Width stability of anGPT (issue 12 item 1): the first steps at several widths, one change at a time.
+"""Width stability of anGPT: the first steps at several widths, one change at a time.
 
 Each run: byte-level Shakespeare (vocab 256), batch 8 × 128 tokens, `--steps` Adam steps at a constant learning
 rate (β=(0.9, 0.95), eps 1e-9, clip 1.0, the architecture's weight constraint after every step, no warm-up),
@@ -7,7 +7,8 @@ i.e. the start of the anGPT recipe. "spike" = max loss / initial loss (NaN/inf =
 residual stream's norm (mean over tokens) after the last layer at the last step (1 at init, the method's premise);
 "σ(W_down)" = the last layer's largest singular value of down_proj (1.5 at init with unit rows).
 
-    python bench/width_stability.py [--widths 128 256 512 1024 --layers 2 --steps 40 --variants baseline width_rule]
+    python experiments/width_depth_stability/width_stability.py [--widths 128 256 512 1024 --layers 2 --steps 40
+        --variants baseline width_rule]
 """
 from __future__ import annotations
 
@@ -16,27 +17,28 @@ import contextlib
 import importlib.resources
 import json
 import math
-import os
+import pathlib
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout, not an installed copy
+HERE = pathlib.Path(__file__).resolve().parent
+# bench's helpers, and this checkout's modeling_angpt rather than an installed copy
+sys.path[:0] = [str(HERE.parents[1] / "bench"), str(HERE.parents[1])]
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM  # noqa: E402
 from modeling_angpt.training.optim import scaled_param_groups, width_lr_scale  # noqa: E402
-from results_file import help_description, machine_line, update_section  # noqa: E402
+from results_file import add_output_arguments, help_description, machine_line, update_section  # noqa: E402
 
-# One change at a time against the SPEC §1.3 defaults: no width rule and nGPT's s_z speed √d (`SPEC_SPEED`);
-# the last two rows are the project's anGPT defaults, added one at a time.
-SPEC_SPEED = "sqrt_width"
+# One change at a time against the paper's anGPT defaults (docs/architectures.md): no width rule and nGPT's s_z speed
+# √d (`PAPER_SPEED`); the last two rows are the project's anGPT defaults, added one at a time.
+PAPER_SPEED = "sqrt_width"
 VARIANTS = {
-    "baseline": dict(model_kwargs={"logit_scale_speed": SPEC_SPEED}),
-    "alpha_init_0.01": dict(model_kwargs={"alpha_init": 0.01, "logit_scale_speed": SPEC_SPEED}),
-    "adam_b2_0.99_eps_1e-8": dict(adam_beta2=0.99, adam_eps=1e-8, model_kwargs={"logit_scale_speed": SPEC_SPEED}),
-    "width_rule": dict(width_rule="inverse_width", model_kwargs={"logit_scale_speed": SPEC_SPEED}),
+    "baseline": dict(model_kwargs={"logit_scale_speed": PAPER_SPEED}),
+    "alpha_init_0.01": dict(model_kwargs={"alpha_init": 0.01, "logit_scale_speed": PAPER_SPEED}),
+    "adam_b2_0.99_eps_1e-8": dict(adam_beta2=0.99, adam_eps=1e-8, model_kwargs={"logit_scale_speed": PAPER_SPEED}),
+    "width_rule": dict(width_rule="inverse_width", model_kwargs={"logit_scale_speed": PAPER_SPEED}),
     "width_rule+s_z_speed_256": dict(width_rule="inverse_width"),
 }
 
@@ -66,7 +68,7 @@ def run_probe(hidden: int, layers: int = 2, lr: float = 0.004, steps: int = 40, 
     """One short run; returns the losses, the spike ratio and, at the last step, ‖h‖ and σ(W_down)."""
     torch.manual_seed(seed)
     model_kwargs = dict(model_kwargs or {})
-    if model_kwargs.get("logit_scale_speed") == SPEC_SPEED:
+    if model_kwargs.get("logit_scale_speed") == PAPER_SPEED:
         model_kwargs["logit_scale_speed"] = math.sqrt(hidden)
     config = AnGPTConfig(architecture=architecture, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=heads or max(1, hidden // 64), max_position_embeddings=seq,
@@ -137,10 +139,10 @@ def record(rows: list, row: str, start: float, rows_file: str | None) -> None:
 
 
 def write_section(args, default: str, section: str) -> None:
-    """Print the section and, unless --no-write, put it into RESULTS.md under --section or `default`."""
+    """Print the section and, unless --no-write, put it into --results under --section or `default`."""
     print(section)
     if not args.no_write:
-        update_section(args.section or default, section)
+        update_section(args.section or default, section, args.results)
 
 
 def main_presets(args) -> None:
@@ -156,14 +158,14 @@ def main_presets(args) -> None:
     if args.rows:
         rows = open(args.rows).read().splitlines()
     section = "\n".join([
-        "## anGPT presets: first steps at the recipe defaults (issue 12)", "",
-        f"`bench/width_stability.py --presets ... --batch {args.batch} --seq {args.seq}"
+        "## anGPT presets: first steps at the recipe defaults", "",
+        f"`experiments/width_depth_stability/width_stability.py --presets ... --batch {args.batch} --seq {args.seq}"
         + (f" --layers {args.layers}" if args.layers else "") + "`: each preset's width, heads, vocabulary and "
         + (f"REDUCED depth ({args.layers} layers)" if args.layers else "depth") + f", float32, batch {args.batch}×"
         f"{args.seq} tokens of byte-level Shakespeare (so all but 256 vocabulary entries never occur: the first "
         f"steps must push their probability mass away), lr {args.lr} constant, Adam β=(0.9, 0.95) eps 1e-9, clip "
         "1.0, no warm-up, the anGPT recipe's width rule (matrices' lr × 128/d) and the config's s_z speed. "
-        "Criterion (issue 12): finite, max loss ≤ 1.5× the initial loss.", "", machine_line(args.device), "",
+        "Criterion: finite, max loss ≤ 1.5× the initial loss.", "", machine_line(args.device), "",
         "| preset | d | layers run | steps run | spike | loss₀ | final loss | max ‖h‖ | wall time (s) |",
         "|---|---|---|---|---|---|---|---|---|",
         *rows])
@@ -186,8 +188,8 @@ def main_depths(args) -> None:
     if args.rows:
         rows = open(args.rows).read().splitlines()
     section = "\n".join([
-        f"## Depth stability of anGPT: α init against depth, first {args.steps} steps (issue 12)", "",
-        f"`bench/width_stability.py --depth-alpha {' '.join(args.depth_alpha)} --widths "
+        f"## Depth stability of anGPT: α init against depth, first {args.steps} steps", "",
+        f"`experiments/width_depth_stability/width_stability.py --depth-alpha {' '.join(args.depth_alpha)} --widths "
         f"{' '.join(map(str, args.widths))} --steps {args.steps} --batch {args.batch} --seq {args.seq}`: anGPT at "
         "the recipe defaults (width "
         f"rule, s_z speed 256), d_h=64, byte-level Shakespeare (vocab 256), {args.batch}×{args.seq} tokens per step, "
@@ -210,8 +212,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--section", default=None,
-                        help="RESULTS.md section to write (default: width_stability, or preset_stability with --presets)")
-    parser.add_argument("--no-write", action="store_true", help="print only, leave RESULTS.md alone")
+                        help="the section to write (default: width_stability, depth_stability with --depth-alpha, "
+                        "preset_stability with --presets)")
+    add_output_arguments(parser, plots=False, results=HERE / "README.md")
     parser.add_argument("--presets", nargs="+", help="anGPT preset names (configuration/presets) instead of widths")
     parser.add_argument("--preset-steps", type=int, nargs="+", help="steps per preset (default --steps)")
     parser.add_argument("--batch", type=int, default=8)
@@ -243,8 +246,9 @@ def main(argv=None):
         rows = sorted(set(open(args.rows).read().splitlines()),
                       key=lambda r: (r.split("|")[2], list(VARIANTS).index(r.split("|")[1].strip()), int(r.split("|")[3])))
     section = "\n".join([
-        f"## Width stability of anGPT: first {args.steps} steps, one change at a time (issue 12)", "",
-        f"`bench/width_stability.py --steps {args.steps} --layers {args.layers} --device {args.device}`: anGPT with {args.layers} layers, d_h=64, byte-level "
+        f"## Width stability of anGPT: first {args.steps} steps, one change at a time", "",
+        f"`experiments/width_depth_stability/width_stability.py --steps {args.steps} --layers {args.layers} "
+        f"--device {args.device}`: anGPT with {args.layers} layers, d_h=64, byte-level "
         f"Shakespeare (vocab 256), 8×128 tokens per step, constant lr {args.lr}, Adam β=(0.9, 0.95) eps 1e-9, "
         "clip 1.0, the row constraint after every step, no warm-up, seed "
         f"{args.seed}. spike = max loss / initial loss; ‖h‖ = residual-stream norm after the last layer (1 at init; "

@@ -1,6 +1,6 @@
 """Semantic-focus tasks (SPEC §4): every generator's labels against an independent checker written differently
-from it, seeded disjoint splits, the fixed tokenizers, `angpt semantic-focus` end to end, and the benchmark at a
-smoke size."""
+from it, seeded disjoint splits, the fixed tokenizers, and `angpt semantic-focus` end to end (the experiment at
+a smoke size: experiments/semantic_focus/)."""
 from __future__ import annotations
 
 import json
@@ -178,9 +178,3 @@ def test_command_runs_the_protocol_end_to_end_and_refuses_to_overwrite(tmp_path,
     assert err.count("\n") == 0 and "already holds results" in err and str(out) in err
 
 
-def test_benchmark_runs_end_to_end_at_smoke_size(tmp_path, semantic_focus_bench):
-    result = semantic_focus_bench.main(["--smoke", "--no-write", "--jobs", "1", "--output-dir", str(tmp_path)])
-    assert len(result["runs"]) == 3 * 4
-    for variant in ("full", "topk", "window", "block"):
-        assert f"| listops | {variant} |" in result["section"]
-    assert (tmp_path / "semantic_focus_smoke.png").exists() and (tmp_path / "runs.json").exists()

@@ -1,7 +1,7 @@
 """The semantic-focus paper's own encoder (paper_encoder.py; SPEC §4, research note §1.0, §3.1) against oracles
 written independently of the library: attention by hand (top-k by an explicit sort, the window and the blocks
-from their definitions), permutation (in)variance, initialisation and shapes, and the protocol / benchmark / CLI
-with `backbone="paper"` at smoke sizes."""
+from their definitions), permutation (in)variance, initialisation and shapes, and the protocol and CLI with
+`backbone="paper"` at smoke sizes (the experiment: experiments/semantic_focus/)."""
 from __future__ import annotations
 
 import json
@@ -135,7 +135,8 @@ def test_listops_runs_padded_to_a_multiple_of_the_mask_size():
     assert paper_width(33, {"attention_sparsity": "none"}) == 33
 
 
-def test_command_and_benchmark_with_the_paper_backbone(tmp_path, semantic_focus_bench):
+def test_command_with_the_paper_backbone(tmp_path):
+    """(The experiment with this backbone: experiments/semantic_focus/test_semantic_focus_experiment.py.)"""
     from modeling_angpt.cli import main
 
     out = tmp_path / "cli"
@@ -145,53 +146,4 @@ def test_command_and_benchmark_with_the_paper_backbone(tmp_path, semantic_focus_
     assert json.loads((out / "model" / "config.json").read_text())["backbone"] == "paper"
     assert (out / "model" / "model.pt").exists() and (out / "model" / "tokenizer.json").exists()
 
-    result = semantic_focus_bench.main(["--smoke", "--backbone", "paper", "--no-write", "--jobs", "1", "--threads",
-                                        "1", "--output-dir", str(tmp_path / "bench")])
-    assert len(result["runs"]) == 3 * 4 and {run["backbone"] for run in result["runs"]} == {"paper"}
-    assert "paper backbone" in result["section"] and "sinusoidal" in result["section"]
-    assert (tmp_path / "bench" / "semantic_focus_smoke_paper_encoder.png").exists()
 
-
-def test_benchmark_writes_a_named_section_beside_the_others_and_reuses_finished_runs(tmp_path, semantic_focus_bench):
-    results = tmp_path / "RESULTS.md"
-    results.write_text("# Benchmark results\n\n<!-- semantic_focus_smoke:start -->\nEven Pairs, kept\n"
-                       "<!-- semantic_focus_smoke:end -->\n")
-    argv = ["--smoke", "--tasks", "parity", "--variants", "full,topk", "--jobs", "1", "--threads", "1",
-            "--section", "semantic_focus_smoke_parity", "--results", str(results), "--plots-dir",
-            str(tmp_path / "plots"), "--output-dir", str(tmp_path / "runs")]
-    first = semantic_focus_bench.main(argv)
-    assert not any(run["reused"] for run in first["runs"]) and "reused" not in first["section"]
-    assert "## Semantic focus: full vs top-k attention on parity (smoke profile" in first["section"]
-    again = semantic_focus_bench.main(argv)
-    assert all(run["reused"] for run in again["runs"])
-    assert "2 of the runs reused from earlier invocations" in again["section"]
-    assert again["table"] == first["table"]
-    text = results.read_text()
-    assert "Even Pairs, kept" in text and text.count("<!-- semantic_focus_smoke_parity:start -->") == 1
-    assert (tmp_path / "plots" / "semantic_focus_smoke_parity.png").exists()
-    assert "](plots/semantic_focus_smoke_parity.png)" in again["section"]  # relative to the RESULTS.md given
-
-
-def test_benchmark_refuses_unknown_tasks_and_variants_in_one_line(tmp_path, capsys, semantic_focus_bench):
-    for argv, expected in ((["--tasks", "even_pairs,cycle_navigation"], "--tasks: unknown cycle_navigation"),
-                           (["--variants", "full,dense"], "--variants: unknown dense"),
-                           (["--section", "throughput"], "--section: expected a name like semantic_focus_parity")):
-        with pytest.raises(SystemExit) as stopped:
-            semantic_focus_bench.main(["--smoke", "--no-write", "--output-dir", str(tmp_path / "never"), *argv])
-        assert stopped.value.code == 2
-        error = capsys.readouterr().err.strip().splitlines()[-1]
-        assert expected in error and "Traceback" not in error
-    assert not (tmp_path / "never").exists()
-
-
-def test_benchmark_runs_missing_duplicates_on_request_at_the_papers_budget(tmp_path, semantic_focus_bench):
-    # the default task list is the reproduction's three; Missing Duplicates runs when named, with its paper budget
-    assert "missing_duplicates" not in semantic_focus_bench.DEFAULT_TASKS
-    result = semantic_focus_bench.main(["--smoke", "--backbone", "paper", "--tasks", "missing_duplicates",
-                                        "--variants", "full,topk", "--no-write", "--jobs", "1", "--threads", "1",
-                                        "--output-dir", str(tmp_path)])
-    assert [(run["task"], run["variant"]) for run in result["runs"]] == [("missing_duplicates", "full"),
-                                                                          ("missing_duplicates", "topk")]
-    assert all(run["epochs_run"] == 1 for run in result["runs"])
-    assert "| missing_duplicates | 40 / 20 | 40 | 1 (250) | 1 |" in result["section"]
-    assert "| missing_duplicates | topk |" in result["section"] and "- missing_duplicates: " in result["section"]

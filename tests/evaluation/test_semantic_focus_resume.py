@@ -119,37 +119,6 @@ def test_command_resumes_with_the_flag_and_says_so_without_it(tmp_path, capsys):
     assert err.count("\n") == 0 and "seed 0 there, 3 here" in err
 
 
-def test_benchmark_extends_finished_runs_to_a_larger_budget(tmp_path, capsys, semantic_focus_bench):
-    argv = ["--smoke", "--tasks", "parity", "--variants", "full", "--jobs", "1", "--threads", "1", "--no-write",
-            "--output-dir", str(tmp_path / "runs")]
-    first = semantic_focus_bench.main([*argv, "--epochs", "1"])
-    longer = semantic_focus_bench.main([*argv, "--epochs", "2"])
-    assert not any(run["reused"] for run in longer["runs"])
-    assert [row["epoch"] for row in longer["runs"][0]["history"]] == [1, 2]
-    assert without_time(longer["runs"][0]["history"][:1]) == without_time(first["runs"][0]["history"])
-    again = semantic_focus_bench.main([*argv, "--epochs", "2"])
-    assert all(run["reused"] for run in again["runs"])
-
-    (tmp_path / "runs" / "parity" / "full" / "seed0" / "resume.pt").unlink()
-    with pytest.raises(SystemExit) as refused:
-        semantic_focus_bench.main([*argv, "--epochs", "3"])
-    message = str(refused.value.code)
-    assert message.count("\n") == 0 and "without resume.pt" in message and "--epochs 3" in message
-
-
-def test_benchmark_runs_a_later_seed_alone_into_its_own_directory(tmp_path, semantic_focus_bench):
-    """--first-seed 1 --seeds 1: seed 1 alone, the same run (and directory) as seed 1 of --seeds 2."""
-    argv = ["--smoke", "--tasks", "parity", "--variants", "full", "--jobs", "1", "--threads", "1", "--no-write",
-            "--epochs", "1"]
-    both = semantic_focus_bench.main([*argv, "--seeds", "2", "--output-dir", str(tmp_path / "both")])
-    later = semantic_focus_bench.main([*argv, "--seeds", "1", "--first-seed", "1", "--output-dir", str(tmp_path / "later")])
-    assert [run["seed"] for run in later["runs"]] == [1]
-    assert sorted(p.name for p in (tmp_path / "later" / "parity" / "full").iterdir()) == ["seed1"]
-    assert without_time(later["runs"][0]["history"]) == without_time(both["runs"][1]["history"])
-    assert "| parity | 40 / 20 | 40 | 1 (1000) | seed 1 |" in later["section"]
-    assert later["section"].startswith("## Semantic focus: full attention, seed 1 (smoke profile, library backbone)")
-
-
 def test_a_run_cut_at_its_deadline_is_saved_and_resumes_to_the_uninterrupted_history(tmp_path):
     import time
 
@@ -183,48 +152,3 @@ def test_command_time_limit_cuts_the_run_says_so_and_refuses_a_non_positive_one(
     assert [json.loads(line)["epoch"] for line in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
 
-def test_benchmark_time_limit_names_the_cut_runs_and_the_same_command_continues_them(tmp_path, capsys,
-                                                                                       semantic_focus_bench):
-    argv = ["--smoke", "--tasks", "parity", "--variants", "full,topk", "--jobs", "1", "--threads", "1", "--no-write",
-            "--epochs", "3", "--stop-at", "0"]
-    whole = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "whole")])
-    cut = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut"), "--time-limit", "0.000001"])
-    assert [run["epochs_run"] for run in cut["runs"]] == [1, 1]
-    assert ("Stopped by `--time-limit 1e-06` before their budget (the same command continues them): parity full "
-            "seed 0 after 1 epochs; parity topk seed 0 after 1 epochs.") in cut["section"]
-    if not any(run["epochs_to_95"] for run in cut["runs"]):
-        assert "| parity | full | >1 | – |" in cut["section"]
-        assert "within 1 epochs: no verdict (budget 3, cut by --time-limit); training loss at epoch 1" in cut["section"]
-    continued = semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut")])
-    assert not any(run["reused"] or run["stopped_at_deadline"] for run in continued["runs"])
-    assert "Stopped by" not in continued["section"]
-    assert ("(2 continued from an earlier invocation after 1 and 1 epochs; the epochs of both took"
-            in continued["section"])
-    for run, oracle in zip(continued["runs"], whole["runs"]):
-        assert without_time(run["history"]) == without_time(oracle["history"])
-    with pytest.raises(SystemExit):
-        semantic_focus_bench.main([*argv, "--output-dir", str(tmp_path / "cut"), "--time-limit", "-1"])
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--time-limit -1: expected a positive number of minutes" in err
-
-
-def test_run_time_line_counts_the_runs_in_words(semantic_focus_bench):
-    def run(earlier, *seconds):
-        return {"reused": False, "epochs_earlier": earlier, "history": [{"seconds": s} for s in seconds]}
-
-    assert semantic_focus_bench._run_time([run(0, 1.0)]) == ""
-    assert semantic_focus_bench._run_time([run(4, 60.0, 120.0)]) == (
-        " (1 continued from an earlier invocation after 4 epochs; its epochs took 3 min of run time, "
-        "median 90.0 s per epoch)")
-    three = semantic_focus_bench._run_time([run(1, 60.0), run(2, 60.0), run(0, 60.0)])
-    assert "2 continued from an earlier invocation after 1 and 2 epochs; the epochs of all 3 took 3 min" in three
-
-
-def test_benchmark_names_the_gpu_of_a_cuda_run(monkeypatch, semantic_focus_bench):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some GPU")
-    monkeypatch.setattr(torch.version, "cuda", "13.0")
-    assert semantic_focus_bench.machine("cuda").startswith("Some GPU (CUDA 13.0) with ")
-    assert "Some GPU" not in semantic_focus_bench.machine("cpu")
