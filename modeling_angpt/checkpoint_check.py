@@ -54,8 +54,10 @@ def check_checkpoint(directory: str, model_class=None):
     shape; returns the config. `model_class` defaults to the one named in config.json's `architectures`."""
     from transformers import AutoConfig
 
-    import modeling_angpt  # noqa: F401  (registers the Auto classes)
-    from modeling_angpt.modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification
+    from . import register_auto_classes
+    from .modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification
+
+    register_auto_classes()
 
     directory = str(directory)
     if not os.path.isfile(os.path.join(directory, "config.json")):

@@ -85,9 +85,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None, before_run=None) -> int:
-    """Parse, then run the command. `before_run` (no arguments) is called between the two: the console
-    script's launcher (angpt_cli.py) finishes importing the package there, after any --help or usage error."""
+def main(argv: list[str] | None = None) -> int:
+    """Parse, check (each command's cheap `validate`), register the models with the Auto classes, run the command.
+    Nothing before the registration imports torch or transformers, so help and usage errors answer at once when
+    the package was imported with its registration deferred (the console script, angpt_cli.py)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
@@ -104,8 +105,9 @@ def main(argv: list[str] | None = None, before_run=None) -> int:
         module = importlib.import_module(args._module)
         if hasattr(module, "validate"):  # cheap checks, before the package's heavy imports
             module.validate(args)
-        if before_run is not None:
-            before_run()
+        from . import register_auto_classes
+
+        register_auto_classes()  # what `import modeling_angpt` does, unless the console script deferred it
         return int(module.run(args) or 0)
     except CommandError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)

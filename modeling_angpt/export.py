@@ -97,10 +97,11 @@ def export_checkpoint(src, dst, dtype=None, tolerance: float | None = None,
     of `dst`: the new checkpoint is complete and verified before the old one is moved away."""
     import torch
 
-    import modeling_angpt  # noqa: F401  (registers the Auto classes)
-
+    from . import register_auto_classes
     from .checkpoint_check import check_checkpoint
     from .hub import read_card_info, save_pretrained, write_model_card
+
+    register_auto_classes()  # the self-check reloads the export through the Auto classes
 
     src, dst = check_export_paths(src, dst, overwrite, tolerance)
     config, model_class = check_checkpoint(src)

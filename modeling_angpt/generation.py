@@ -26,9 +26,10 @@ def generate_text(checkpoint, prompt: str = "", max_new_tokens: int = 50, temper
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import modeling_angpt  # noqa: F401  (registers the Auto classes)
-
+    from . import register_auto_classes
     from .checkpoint_check import check_checkpoint
+
+    register_auto_classes()
 
     check_checkpoint(checkpoint)
     try:

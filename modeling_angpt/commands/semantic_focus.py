@@ -1,6 +1,7 @@
 """`angpt semantic-focus`: train the semantic-focus paper's model on one task with one attention configuration.
 
-The protocol of Ram et al. (SPEC §4); a thin layer over `modeling_angpt.evaluation.semantic_focus.run_protocol`.
+The protocol of Ram et al. (docs/evaluation.md, "Semantic-focus tasks"); a thin layer over
+`modeling_angpt.evaluation.semantic_focus.run_protocol`.
 
     angpt semantic-focus --task even_pairs --attention-sparsity topk --attention-topk 5 --output-dir runs/ep-topk
     angpt semantic-focus --backbone paper ...   # the paper's own encoder (paper_encoder.py) instead of GPT+
@@ -18,18 +19,18 @@ TASK_NAMES = ("even_pairs", "parity", "cycle_navigation", "modular_arithmetic", 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__.splitlines()[0]
-    parser.add_argument("--task", required=True, choices=TASK_NAMES)
+    parser.add_argument("--task", required=True, choices=TASK_NAMES, help="the task to train and evaluate on")
     parser.add_argument("--output-dir", required=True, help="where metrics.jsonl, curves.png, tensorboard/ and the "
                         "model go; a directory that already holds results is refused unless --resume")
     parser.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its resume.pt "
                         "(stopped, or finished and given more --epochs); its other settings must be the same")
     parser.add_argument("--seed", type=int, default=0, help="data and initialisation seed")
     parser.add_argument("--epochs", type=int, default=None, help="default: the paper's budget for the task")
-    parser.add_argument("--n-train", type=int, default=5000)
-    parser.add_argument("--n-heldout", type=int, default=2000)
+    parser.add_argument("--n-train", type=int, default=5000, help="training examples (default 5000)")
+    parser.add_argument("--n-heldout", type=int, default=2000, help="held-out examples (default 2000)")
     parser.add_argument("--lr", type=float, default=None, help="default: 0.1 (ListOps 1.0)")
     parser.add_argument("--gamma", type=float, default=None, help="StepLR factor per epoch; default 0.9995 (ListOps 0.99)")
-    parser.add_argument("--batch-size", type=int, default=25)
+    parser.add_argument("--batch-size", type=int, default=25, help="training batch size (default 25)")
     parser.add_argument("--grad-clip", type=float, default=0.5, help="gradient-norm clip (0: none)")
     parser.add_argument("--stop-at-train-acc", type=float, default=None, help="end early at this training accuracy")
     parser.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
@@ -38,31 +39,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="library: AnGPTForSequenceClassification (--architecture, RoPE); paper: the paper's "
                         "encoder (sinusoidal positions, non-affine LayerNorm, ReLU MLP; saved as state_dict + JSON)")
     attention = parser.add_argument_group("attention (docs/attention.md)")
-    attention.add_argument("--attention-sparsity", default="none", choices=("none", "topk", "window", "block"))
-    attention.add_argument("--attention-topk", type=int, default=5)
-    attention.add_argument("--attention-window", type=int, default=5)
-    attention.add_argument("--attention-block-size", type=int, default=5)
-    attention.add_argument("--attention-global-tokens", type=int, default=0)
+    attention.add_argument("--attention-sparsity", default="none", choices=("none", "topk", "window", "block"),
+                           help="sparsity pattern of the attention (default none)")
+    attention.add_argument("--attention-topk", type=int, default=5, help="topk: keys kept per query (default 5)")
+    attention.add_argument("--attention-window", type=int, default=5, help="window: keys per query (default 5)")
+    attention.add_argument("--attention-block-size", type=int, default=5, help="block: block size (default 5)")
+    attention.add_argument("--attention-global-tokens", type=int, default=0,
+                           help="window/block: leading tokens every query sees (default 0)")
     attention.add_argument("--rope-type", default="default",
-                           choices=("default", "proportional", "scale_invariant_p", "none"))
-    attention.add_argument("--partial-rotary-factor", type=float, default=None)
+                           choices=("default", "proportional", "scale_invariant_p", "none"),
+                           help="rotary position embedding of the library backbone (default: standard RoPE)")
+    attention.add_argument("--partial-rotary-factor", type=float, default=None,
+                           help="fraction of each head's dimensions that rotate (default: the rope type's)")
     attention.add_argument("--attn-implementation", default="eager", help="attention backend (default eager)")
     model = parser.add_argument_group("model (paper: 5 blocks, ListOps 10; d 64; MLP 64; 1 head; dropout 0.01)")
-    model.add_argument("--architecture", default="gptplus", choices=("gptplus", "angpt", "ngpt"))
+    model.add_argument("--architecture", default="gptplus", choices=("gptplus", "angpt", "ngpt"),
+                       help="library backbone's architecture (default gptplus)")
     model.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=False,
                        help="GPT+'s QK-norm (off by default: the paper's model has none)")
-    model.add_argument("--num-layers", type=int, default=None)
-    model.add_argument("--hidden-size", type=int, default=64)
+    model.add_argument("--num-layers", type=int, default=None, help="blocks (default: the paper's, 5; ListOps 10)")
+    model.add_argument("--hidden-size", type=int, default=64, help="model width d (default 64)")
     model.add_argument("--intermediate-size", type=int, default=None, help="default 64 (gptplus), 4d otherwise")
-    model.add_argument("--num-heads", type=int, default=1)
+    model.add_argument("--num-heads", type=int, default=1, help="attention heads (default 1)")
     model.add_argument("--dropout", type=float, default=0.01,
                        help="attention-probability dropout (paper backbone: also embeddings, MLP, residuals)")
     model.add_argument("--activation", default="relu", choices=("relu", "gelu", "mish"), help="paper backbone's MLP")
-    parser.add_argument("--listops-min-length", type=int, default=501)
-    parser.add_argument("--listops-max-length", type=int, default=599)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--listops-min-length", type=int, default=501, help="ListOps: shortest sequence (default 501)")
+    parser.add_argument("--listops-max-length", type=int, default=599, help="ListOps: longest sequence (default 599)")
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--no-tensorboard", action="store_true")
+    parser.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
 
 
 def run(args: argparse.Namespace) -> int:

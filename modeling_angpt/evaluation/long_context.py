@@ -93,8 +93,9 @@ def suite_lengths(checkpoint: Path, options: EvalOptions, default: tuple[int, ..
     if config is None:
         from transformers import AutoConfig
 
-        from .. import AnGPTConfig  # noqa: F401  (registers model_type "angpt")
+        from .. import register_auto_classes
 
+        register_auto_classes()  # model_type "angpt"
         config = AutoConfig.from_pretrained(checkpoint)
     train_length = training_length(checkpoint, options.train_length)
     multiples = resolve_multiples(options.lengths, default)

@@ -104,9 +104,11 @@ def prepare(checkpoint, options: EvalOptions) -> Plan:
 def load_model(checkpoint: Path, dtype: str, device: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import modeling_angpt  # noqa: F401  (registers the Auto classes)
     from transformers.utils import logging as transformers_logging
+
+    from .. import register_auto_classes
+
+    register_auto_classes()
 
     transformers_logging.disable_progress_bar()   # stderr stays for messages (a "Loading weights" bar per run)
     config_dtype = None

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from .. import register_auto_classes
 from ..tokenization import set_pad_token_id
 from .distributed import apply_weight_constraints
 from .recipe import architecture_defaults_for
@@ -21,14 +22,6 @@ REPO_PRESETS = Path(__file__).resolve().parents[2] / "configuration" / "presets"
 # first Adam steps blow up. Measured (experiments/width_depth_stability/README.md, depth): α·L ≤ 0.4 held at every
 # width and depth tried; 0.6 blew up angpt-190m and 24 layers at d = 256 at step 2–3, 1.2 overflowed.
 ALPHA_DEPTH_LIMIT = 0.4
-
-
-def _register_models() -> None:
-    try:  # the package __init__ registers model_type "angpt" with the Auto classes
-        import modeling_angpt  # noqa: F401
-        from modeling_angpt import AnGPTConfig  # noqa: F401
-    except ImportError:
-        pass
 
 
 def preset_path(name: str) -> Path:
@@ -49,7 +42,7 @@ def build_config(recipe):
     """The model config; raises (naming the field) on an unknown architecture or a folded checkpoint."""
     from transformers import AutoConfig
 
-    _register_models()
+    register_auto_classes()  # model_type "angpt"
     if recipe.init_from:
         if not Path(recipe.init_from).is_dir():
             raise FileNotFoundError(f"init_from checkpoint not found: {recipe.init_from}")

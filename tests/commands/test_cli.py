@@ -59,17 +59,30 @@ def test_cli_errors_are_one_line_before_any_work(args, expected, checkpoint, tmp
     assert time.perf_counter() - started < 30   # rejected before loading a model
 
 
+HELP_SCRIPT = """
+import os, sys, angpt_cli
+for argv in (['--help'], ['train', '--help'], ['export', '--help'], ['generate', '--help'], ['eval', '--help'],
+             ['semantic-focus', '--help']):
+    try:
+        angpt_cli.main(argv)
+    except SystemExit as e:
+        assert e.code == 0
+package = sys.modules['modeling_angpt']
+print('HEAVY', sorted(m for m in ('torch', 'transformers', 'accelerate', 'numpy') if m in sys.modules))
+# the package's own __init__ ran (no stand-in module), with its registration deferred, and the deferral ended
+print('PACKAGE', package.__file__.endswith('__init__.py'), package._registered,
+      os.environ.get('ANGPT_DEFER_REGISTRATION'))
+"""
+
+
 def test_help_is_fast_complete_and_imports_nothing_heavy():
-    script = ("import sys, time, angpt_cli\n"
-              "for argv in (['--help'], ['train', '--help'], ['export', '--help'], ['generate', '--help']):\n"
-              "    try:\n        angpt_cli.main(argv)\n    except SystemExit as e:\n        assert e.code == 0\n"
-              "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'accelerate') if m in sys.modules))\n")
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
-                          env=cli_env())
+    proc = subprocess.run([sys.executable, "-c", HELP_SCRIPT], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env=cli_env())
     elapsed = time.perf_counter() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "HEAVY []" in proc.stdout          # --help imports neither torch nor transformers
+    assert "PACKAGE True False None" in proc.stdout
     assert elapsed < 10, elapsed               # about 0.2 s; the package import alone takes seconds
     out = proc.stdout
     assert out.startswith("usage: angpt") and "Train, export, evaluate and sample" in out
@@ -88,7 +101,80 @@ def test_help_is_fast_complete_and_imports_nothing_heavy():
     assert "lr_width_rule=inverse_width lr_base_width=128" in out
 
 
-@pytest.mark.parametrize("command", ["train", "export", "generate"])
+IMPORT_SCRIPT = """
+import sys
+import modeling_angpt
+print("HEAVY", "torch" in sys.modules, modeling_angpt._registered)
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.for_model("angpt", vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+print("AUTO", type(config).__name__, type(AutoModelForCausalLM.from_config(config)).__name__)
+"""
+FIRST_USE_SCRIPT = """
+from transformers import AutoModelForCausalLM
+import modeling_angpt
+config = modeling_angpt.AnGPTConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+print("FIRST USE", modeling_angpt._registered, type(AutoModelForCausalLM.from_config(config)).__name__)
+"""
+
+
+@pytest.mark.parametrize("deferred", [False, True])
+def test_import_registers_the_auto_classes_unless_deferred(deferred):
+    """`import modeling_angpt` registers the Auto classes (the model card's promise, hub.LOADING_NOTE), in a fresh
+    interpreter; with ANGPT_DEFER_REGISTRATION=1 (the console script's import) it imports nothing heavy, and the
+    first use of one of the package's names registers."""
+    env = cli_env(ANGPT_DEFER_REGISTRATION="1") if deferred else cli_env()
+    proc = subprocess.run([sys.executable, "-c", IMPORT_SCRIPT], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, env=env)
+    if deferred:
+        assert "HEAVY False False" in proc.stdout
+        assert proc.returncode != 0 and "Unrecognized model" in proc.stderr   # nothing registered yet
+        proc = subprocess.run([sys.executable, "-c", FIRST_USE_SCRIPT], capture_output=True, text=True, timeout=300,
+                              cwd=REPO, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "FIRST USE True AnGPTForCausalLM" in proc.stdout
+    else:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "HEAVY True True" in proc.stdout and "AUTO AnGPTConfig AnGPTForCausalLM" in proc.stdout
+
+
+def _imports(path) -> set[str]:
+    """The modeling_angpt modules a file imports (absolute, or relative resolved against its package)."""
+    import ast
+
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("modeling_angpt")}
+
+
+def test_layers_point_one_way():
+    """Commands above training and evaluation, both above the model: training never imports evaluation (what both
+    need is in modeling_angpt/tasks), evaluation never imports the commands, the model files nothing of the
+    library around them."""
+    root = REPO / "modeling_angpt"
+    layers = {"training": ("modeling_angpt.evaluation", "modeling_angpt.commands", "modeling_angpt.cli"),
+              "tasks": ("modeling_angpt.training", "modeling_angpt.evaluation", "modeling_angpt.commands",
+                        "modeling_angpt.cli"),
+              "evaluation": ("modeling_angpt.commands", "modeling_angpt.cli")}
+    wrong = [f"{path.relative_to(REPO)} imports {name}"
+             for folder, forbidden in layers.items() for path in sorted((root / folder).rglob("*.py"))
+             for name in _imports(path) if name.startswith(forbidden)]
+    model_files = sorted(root.glob("*_angpt.py"))
+    assert len(model_files) >= 10
+    library = tuple(f"modeling_angpt.{name}" for name in ("training", "evaluation", "commands", "cli", "tasks", "hub",
+                                                           "export", "generation"))
+    wrong += [f"{path.relative_to(REPO)} imports {name}" for path in model_files for name in _imports(path)
+              if name.startswith(library)]
+    assert not wrong, wrong
+
+
+@pytest.mark.parametrize("command", ["train", "export", "generate", "eval", "semantic-focus"])
 def test_every_option_has_help_text(command):
     from modeling_angpt.cli import build_parser
 
