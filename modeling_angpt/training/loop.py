@@ -1,10 +1,11 @@
-"""The training loop over accelerate: one CPU, DDP or FSDP, the same code (DESIGN.md principle 6).
+"""The training loop over accelerate: one CPU, DDP or FSDP, the same code (docs/training.md).
 
 `train(recipe)` validates everything cheap first (recipe, data files, model config), then builds data,
 model, optimiser and schedule, runs, checkpoints, and saves OUTPUT_DIR/final. Gradient accumulation is
 written out with `no_sync` rather than `Accelerator.accumulate`: accumulate forces a sync at every
 epoch end and keeps its own micro-step counter, and both would make a resumed run drift from an
-uninterrupted one. The weight constraint follows every optimiser step on every rank (SPEC §1.2/§1.3).
+uninterrupted one. The weight constraint follows every optimiser step on every rank (docs/architectures.md;
+FSDP2 shards: distributed.py).
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def make_accelerator(recipe: Recipe):
     from accelerate.utils import DataLoaderConfiguration
 
     # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
-    # skip-the-consumed-batches resume exact (research/hf-ecosystem.md §3).
+    # skip-the-consumed-batches resume exact.
     accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 and bf16_pays_off() else "no",
                               step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),

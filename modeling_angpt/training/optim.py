@@ -1,4 +1,4 @@
-"""Optimiser and learning-rate schedule (SPEC.md §1 recipes, paper Table F.2).
+"""Optimiser and learning-rate schedule (docs/training.md; the anGPT paper's Table F.2).
 
 The model decides which parameters get weight decay (`model.optimizer_param_groups`, matrices only);
 GPT+ then trains with AdamW (decay 0.1, 20 % warm-up), nGPT/anGPT with Adam (= AdamW at decay 0, no
@@ -21,7 +21,7 @@ def width_lr_scale(model, rule: str, base_width: int) -> float:
     a first Adam step is sign-like and low-rank, so it moves a matrix's spectral norm by about lr·√(fan_out·fan_in),
     which grows linearly with width while anGPT's rows stay in the unit ball; without an exact norm after the
     branch, a larger singular value directly enlarges ‖h‖, and the MLP output grows with ‖h‖². Dividing the
-    rate by the width keeps that step constant across widths (bench/RESULTS.md, width stability).
+    rate by the width keeps that step constant across widths (experiments/width_depth_stability/README.md).
     """
     if rule not in LR_WIDTH_RULES:
         raise ValueError(f"recipe key lr_width_rule={rule!r} is not supported; expected one of {list(LR_WIDTH_RULES)}")

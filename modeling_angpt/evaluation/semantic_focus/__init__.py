@@ -1,4 +1,5 @@
-"""Semantic-focus tasks (Ram et al., SPEC §4): generators, fixed tokenizers and the paper's training protocol."""
+"""Semantic-focus tasks (Ram et al.; docs/evaluation.md, "Semantic-focus tasks"): generators, fixed tokenizers and
+the paper's training protocol."""
 from .tasks import TASKS, build_splits, generate_samples, get_task
 from .tokenizer import build_tokenizer
 

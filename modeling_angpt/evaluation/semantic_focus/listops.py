@@ -1,5 +1,5 @@
 """ListOps (Nangia & Bowman 2018) as the Long Range Arena generator builds it, with the semantic-focus paper's
-settings: depth ≤ 10, 2–10 arguments per operator, 501–599 tokens, 10 classes (SPEC §4).
+settings: depth ≤ 10, 2–10 arguments per operator, 501–599 tokens, 10 classes (docs/evaluation.md).
 
 Grammar (LRA `listops.py`, task "basic"): a node at depth < max_depth (the root has depth 1) is an operator
 with probability 0.25, otherwise a digit 0–9; a node at max_depth is a digit. An operator is MIN, MAX, MED or

@@ -1,22 +1,24 @@
-"""The semantic-focus paper's own encoder (Ram et al., NeurIPS 2025; SPEC §4; research note §1.0 and §3.1).
+"""The semantic-focus paper's own encoder (Ram et al., NeurIPS 2025; docs/evaluation.md, "Semantic-focus tasks"),
+as the authors' code builds it.
 
 The library's `AnGPTForSequenceClassification` (RoPE, RMSNorm, SwiGLU, no biases, N(0, 0.02) init) stays at chance
-on Even Pairs under the paper's protocol (bench/RESULTS.md, semantic_focus_notes), so this module rebuilds the
+on Even Pairs under the paper's protocol (experiments/semantic_focus/README.md), so this module rebuilds the
 paper's model to tell "the protocol/attention does not reproduce" from "the backbone differs":
 
 - token embedding U(−0.1, 0.1), multiplied by √d; fixed sinusoidal absolute positions added, then dropout;
 - T pre-LN blocks, LayerNorm non-affine (eps 1e-5; the attention LN of block 0 has eps 0, a quirk of the
-  authors' code, note §1.0), `x + Drop(W_O·Attn(LN x))` and `x + Drop(W₂·act(Drop(W₁·LN x + b₁)) + b₂)` (the MLP's
+  authors' code), `x + Drop(W_O·Attn(LN x))` and `x + Drop(W₂·act(Drop(W₁·LN x + b₁)) + b₂)` (the MLP's
   inner dropout sits before the activation, as in the paper's code);
 - Q, K, V and W_O with biases, each head d wide (the paper's `d_qkv = d_emb`: heads are not split), logits ⟨q,k⟩/√d;
 - no final LN, mean pooling over every position (PAD included: the paper masks nothing), a linear classifier
   U(−0.1, 0.1) with bias 0; every other linear layer keeps PyTorch's default initialisation.
 
 The attention is the library's eager path (`attention_angpt.eager_attention_forward` with an `AttentionLayout`), so
-top-k / window / block select keys exactly as `AnGPTForSequenceClassification` does (attention_angpt.py, sparsity_angpt.py), bidirectional.
+top-k / window / block select keys exactly as `AnGPTForSequenceClassification` does (attention_angpt.py,
+sparsity_angpt.py), bidirectional.
 One difference from the paper remains: the library's global tokens are the first g positions; the paper appends
-g extra tokens after the padding (note §1.5). Attention dropout is gated on `training` (the paper's code leaves it
-on at evaluation, note §1.0; at p = 0.01 the difference is tiny).
+g extra tokens after the padding. Attention dropout is gated on `training` (the paper's code leaves it on at
+evaluation; at p = 0.01 the difference is tiny).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from torch import nn
 from ...attention_angpt import eager_attention_forward
 from ...attention_angpt import AttentionLayout
 
-ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "mish": nn.Mish}  # the paper's three (note §3.1)
+ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "mish": nn.Mish}  # the paper's three
 
 
 @dataclass
@@ -39,7 +41,7 @@ class PaperEncoderConfig:
     vocab_size: int
     num_labels: int
     max_position_embeddings: int = 64
-    hidden_size: int = 64  # d = d_qkv (note §3.1)
+    hidden_size: int = 64  # d = d_qkv
     intermediate_size: int = 64  # d_mlp
     num_layers: int = 5  # NNCH tasks 5, ListOps 10
     num_heads: int = 1
@@ -94,7 +96,7 @@ class PaperAttention(nn.Module):
         batch, length, _ = x.shape
         q, k, v = (proj(x).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
                    for proj in (self.q_proj, self.k_proj, self.v_proj))
-        # No padding mask: the paper lets PAD keys be attended to and selected by top-k (note §1.0).
+        # No padding mask: the paper lets PAD keys be attended to and selected by top-k.
         layout = AttentionLayout.from_shapes(q, k, None, causal=False)
         out, probs = eager_attention_forward(self, q, k, v, None, scaling=self.head_dim ** -0.5,
                                              dropout=self.dropout, attention_layout=layout)
@@ -105,7 +107,7 @@ class PaperBlock(nn.Module):
     def __init__(self, config: PaperEncoderConfig, attention_config, first: bool):
         super().__init__()
         d = config.hidden_size
-        # Non-affine LNs; block 0's attention LN has eps 0 in the authors' code (note §1.0).
+        # Non-affine LNs; block 0's attention LN has eps 0 in the authors' code.
         self.attention_norm = nn.LayerNorm(d, eps=0.0 if first else 1e-5, elementwise_affine=False)
         self.mlp_norm = nn.LayerNorm(d, eps=1e-5, elementwise_affine=False)
         self.attention = PaperAttention(config, attention_config)
@@ -115,7 +117,7 @@ class PaperBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop(self.attention(self.attention_norm(x))[0])
-        # The paper's quirk: dropout on W₁·LN(x) + b₁ *before* the activation (note §3.1).
+        # The paper's quirk: dropout on W₁·LN(x) + b₁ *before* the activation.
         return x + self.drop(self.down(self.activation(self.drop(self.up(self.mlp_norm(x))))))
 
 
@@ -142,7 +144,7 @@ class PaperEncoderForSequenceClassification(nn.Module):
         nn.init.zeros_(self.classifier.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **unused):
-        """`attention_mask` is ignored on purpose: the paper attends to and pools PAD (note §1.0, §3.1)."""
+        """`attention_mask` is ignored on purpose: the paper attends to and pools PAD."""
         from transformers.modeling_outputs import SequenceClassifierOutput
 
         length = input_ids.shape[1]

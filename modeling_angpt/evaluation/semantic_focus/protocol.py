@@ -1,4 +1,5 @@
-"""The semantic-focus paper's training protocol on any attention configuration (SPEC §4; research note §3).
+"""The semantic-focus paper's training protocol on any attention configuration (docs/evaluation.md, "Semantic-focus
+tasks"; the reproduction: experiments/semantic_focus/README.md).
 
 Model: a bidirectional `AnGPTForSequenceClassification` (`is_causal=False`, mean pooling over real tokens),
 5 blocks (ListOps 10), d = 64, MLP 64, 1 head. Optimiser: plain SGD (no momentum, no weight decay), batch 25,
@@ -21,7 +22,7 @@ absolute positions, dropout 0.01 on embeddings, attention probabilities, MLP and
 `backbone="paper"` trains the paper's own encoder instead (paper_encoder.py: sinusoidal positions, non-affine
 LayerNorm, ReLU MLP with biases, PyTorch default init, dropout 0.01 everywhere, PAD attended and pooled) with the
 library's sparse attention; every batch is padded to one width, the longest sequence rounded up to a multiple of
-the mask size for sparse variants, as the paper pads (research note §1.2, §1.4, §2).
+the mask size for sparse variants, as the paper pads.
 """
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def model_config(task: str, *, architecture: str = "gptplus", qk_norm: bool = Fa
                  attention_window: int = 5, attention_block_size: int = 5, attention_global_tokens: int = 0,
                  rope_type: str = "default", partial_rotary_factor: float | None = None,
                  attn_implementation: str = "eager", max_position_embeddings: int | None = None):
-    """The paper's model (SPEC §4) as an AnGPTConfig for `task`'s vocabulary and classes."""
+    """The paper's model (module docstring) as an AnGPTConfig for `task`'s vocabulary and classes."""
     from ... import AnGPTConfig
 
     spec = get_task(task)
@@ -139,7 +140,7 @@ def paper_config(task: str, *, max_position_embeddings: int | None = None, num_l
 
 def paper_width(longest: int, model_kwargs: dict) -> int:
     """The paper pads every sequence to the longest one, rounded up to a multiple of the mask size for sparse
-    variants (research note §1.2, §1.4; full attention: no rounding)."""
+    variants (full attention: no rounding)."""
     sparsity = model_kwargs.get("attention_sparsity", "none")
     size = {"topk": model_kwargs.get("attention_topk", 5), "window": model_kwargs.get("attention_window", 5),
             "block": model_kwargs.get("attention_block_size", 5)}.get(sparsity, 1)
@@ -330,7 +331,8 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
             if grad_clip:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
             optimizer.step()
-            model.apply_weight_constraints()  # nGPT/anGPT projections (SPEC §1); nothing for GPT+ or the paper's
+            # nGPT/anGPT projections (docs/architectures.md); nothing for GPT+ or the paper's encoder
+            model.apply_weight_constraints()
             running, steps = running + loss.item(), steps + 1
         scheduler.step()
         if not math.isfinite(running):

@@ -1,4 +1,5 @@
-"""Generators of the semantic-focus tasks (Ram et al., "Transformers Learn Faster with Semantic Focus", SPEC §4).
+"""Generators of the semantic-focus tasks (Ram et al., "Transformers Learn Faster with Semantic Focus";
+docs/evaluation.md, "Semantic-focus tasks").
 
 Seven tasks of Delétang et al.'s "Neural networks and the Chomsky hierarchy" (NNCH) at a fixed length of 40
 symbols, and ListOps (Nangia & Bowman, in the Long Range Arena generator's form; `listops.py`). Each sample is
@@ -44,7 +45,7 @@ Sample = tuple[list[str], int]
 
 @dataclass(frozen=True)
 class Task:
-    """A task: its symbols, classes, sampler and the paper's protocol (SPEC §4; research note §3.2)."""
+    """A task: its symbols, classes, sampler and the paper's protocol (protocol.py)."""
 
     name: str
     symbols: tuple[str, ...]
