@@ -1,6 +1,6 @@
 """The experiments' smoke-test fixture: the test's study folder, experiments/common/ and bench/ importable, a small
 corpus and a float32 recipe, and every output (README sections, plots, runs) under tmp_path, never in the study
-folders (the smoke sizes: smoke_arguments.py). tests/ is on pytest's pythonpath (setup.cfg), so its helpers and
+folders (the smoke sizes: experiments/smoke_arguments.py). tests/ is on pytest's pythonpath (setup.cfg), so its helpers and
 fixtures import here as they do there."""
 from __future__ import annotations
 
@@ -45,5 +45,6 @@ def forget_scripts() -> None:
     the scripts afresh (a named list went stale each time a script was split in two)."""
     for name, module in list(sys.modules.items()):
         path = Path(getattr(module, "__file__", None) or "/")
-        if (path.is_relative_to(EXPERIMENTS) or path.parent == BENCH) and not name.startswith(("test_", "conftest")):
+        if (path.is_relative_to(EXPERIMENTS) or path.parent == BENCH) and not name.startswith(
+                ("test_", "conftest", "experiments")):  # the tests and this package's modules stay
             sys.modules.pop(name)

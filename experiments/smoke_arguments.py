@@ -1,5 +1,5 @@
-"""The experiments' smoke sizes, shared by their tests (experiments/*/test_*.py): tiny models, a few steps, one
-window, every output under the test's tmp_path. The fixture that provides the corpus and recipe is `experiment`
+"""The experiments' smoke sizes, shared by their tests (experiments/*/test_*.py, which import it as
+experiments.smoke_arguments): tiny models, a few steps, one window, every output under the test's tmp_path. The fixture that provides the corpus and recipe is `experiment`
 (experiments/conftest.py)."""
 from __future__ import annotations
 

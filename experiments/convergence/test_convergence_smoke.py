@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from smoke_arguments import TINY
+from experiments.smoke_arguments import TINY
 
 
 def test_convergence_smoke(experiment, tmp_path):

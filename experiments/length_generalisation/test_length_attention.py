@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
-from smoke_arguments import tiny_length_models
+from experiments.smoke_arguments import tiny_length_models
 
 from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 import pytest
-from smoke_arguments import TINY
+from experiments.smoke_arguments import TINY
 
 
 def test_position_bins_average_the_target_positions_they_name(experiment):

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
-from smoke_arguments import tiny_length_models
+from experiments.smoke_arguments import tiny_length_models
 
 
 SI_P_ROPE = {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from attention_fixtures import build, captured_attention_calls, make_config
-from smoke_arguments import tiny_length_models
+from experiments.smoke_arguments import tiny_length_models
 
 from modeling_angpt.attention_angpt import CHUNKED
 

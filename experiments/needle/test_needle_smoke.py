@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from smoke_arguments import TINY, needle_recipe
+from experiments.smoke_arguments import TINY, needle_recipe
 
 
 def test_length_generalisation_and_needle_smoke(experiment, tmp_path):
