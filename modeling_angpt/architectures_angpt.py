@@ -38,6 +38,7 @@ class Architecture:
     """Defaults shared by all three; subclasses override what differs."""
 
     name: str = ""
+    title: str = ""  # what a model card calls it
     folded_form: "Architecture | None" = None  # the strategy of this architecture's folded checkpoints
 
     # --- config ----------------------------------------------------------------------------------
@@ -45,7 +46,7 @@ class Architecture:
         """Raise a ValueError for a config this architecture cannot build (after the generic checks)."""
 
     def default_logit_scale_speed(self, config) -> float:
-        """config.logit_scale_speed when the config leaves it None: √d, nGPT's (docs/architectures.md, "nGPT")."""
+        """config.logit_scale_speed when the config leaves it None: √d, nGPT's (docs/architectures.md, section `ngpt`)."""
         return config.hidden_size**0.5
 
     # --- modules ---------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ class Architecture:
     def qk_scale(self, config) -> Scale | None:
         """s_qk, one vector over all key heads' channels shared by q and k, applied after RoPE. Under grouped-query
         attention a channel of key head g also scales that channel of every query head reading g, so the logit
-        keeps the form Σ_c s_c² q_c k_c (docs/architectures.md, "nGPT"; with one head per group s_qk ∈ R^{H·d_h})."""
+        keeps the form Σ_c s_c² q_c k_c (docs/architectures.md, section `ngpt`; with one head per group s_qk ∈ R^{H·d_h})."""
         return Scale(config.num_key_value_heads * config.head_dim, 1.0, 1.0 / math.sqrt(config.hidden_size))
 
     def query_gain(self, config) -> nn.Module | None:
@@ -134,10 +135,11 @@ class Architecture:
 
 
 class GPTPlus(Architecture):
-    """Pre-norm GPT with QK-norm (docs/architectures.md, "GPT+"): exactly Qwen3 (Llama with qk_norm off) at full
+    """Pre-norm GPT with QK-norm (docs/architectures.md, section `gptplus`): exactly Qwen3 (Llama with qk_norm off) at full
     rotation."""
 
     name = "gptplus"
+    title = "GPT+ (pre-norm GPT with QK-norm)"
 
     def branch_norm(self, config) -> nn.Module:
         return RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -167,19 +169,20 @@ class GPTPlus(Architecture):
         return torch.randn_like(weight) * std
 
     def optimizer_param_groups(self, model, weight_decay):
-        # Weight decay on matrices only (docs/architectures.md, "GPT+"): gains and other vectors are not decayed.
+        # Weight decay on matrices only (docs/architectures.md, section `gptplus`): gains and other vectors are not decayed.
         params = [p for p in model.parameters() if p.requires_grad]
         return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
                 {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
 
 
 class NGPT(Architecture):
-    """Everything on the hypersphere (docs/architectures.md, "nGPT"; NVIDIA's reference code)."""
+    """Everything on the hypersphere (docs/architectures.md, section `ngpt`; NVIDIA's reference code)."""
 
     name = "ngpt"
+    title = "nGPT (normalized GPT)"
 
     def validate(self, config):
-        # ν_uz = √(d/4d) and ν_d = √(4d/d) (docs/architectures.md, "anGPT") assume the 4d width; nGPT shares the shapes.
+        # ν_uz = √(d/4d) and ν_d = √(4d/d) (docs/architectures.md, section `angpt`) assume the 4d width; nGPT shares the shapes.
         if config.hidden_size * 4 != config.intermediate_size:
             raise ValueError(f"AnGPTConfig.intermediate_size={config.intermediate_size} is not valid for "
                              f"architecture={config.architecture!r}; expected 4*hidden_size={4 * config.hidden_size}")
@@ -200,7 +203,7 @@ class NGPT(Architecture):
     @staticmethod
     def _normalize(weight, residual_output):
         # Unit norm along d_model: rows (over the input) for every matrix reading the stream, columns
-        # (over the output) for o_proj and down_proj, which write into it (docs/architectures.md, "nGPT").
+        # (over the output) for o_proj and down_proj, which write into it (docs/architectures.md, section `ngpt`).
         dim = 0 if residual_output else -1
         return weight / weight.norm(dim=dim, keepdim=True).clamp_min(1e-12)
 
@@ -218,10 +221,11 @@ class NGPT(Architecture):
 
 
 class AnGPT(Architecture):
-    """Approximately normalized GPT (docs/architectures.md, "anGPT"): ν constants, LERP with ν(α), rows in the unit
+    """Approximately normalized GPT (docs/architectures.md, section `angpt`): ν constants, LERP with ν(α), rows in the unit
     ball."""
 
     name = "angpt"
+    title = "anGPT (approximately normalized GPT)"
     validate = NGPT.validate
 
     def default_logit_scale_speed(self, config):

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from .architectures_angpt import ARCHITECTURES
+
 CARD_KEYS = ("datasets", "train_tokens", "val_loss", "license", "repo_id", "base_model")
 # What loads this checkpoint, exactly (tests/contract/test_loading.py checks each clause in a fresh interpreter).
 # transformers has no plugin mechanism that would find an installed model type without importing it.
@@ -22,8 +24,6 @@ LOADING_NOTE = (
     "With the `angpt` package installed, `import modeling_angpt` registers it with the Auto classes, and they then "
     "load it without `trust_remote_code`; installing the package alone does not (without the import they ask for "
     "`trust_remote_code=True`).")
-_ARCH_TITLES = {"angpt": "anGPT (approximately normalized GPT)", "ngpt": "nGPT (normalized GPT)",
-                "gptplus": "GPT+ (pre-norm GPT with QK-norm)"}
 
 
 def attention_summary(config) -> dict:
@@ -67,6 +67,7 @@ def model_card_text(config, card_info: dict | None = None, model_id: str | None 
     info = {k: v for k, v in (card_info or {}).items() if v is not None}
     model_id = info.get("repo_id") or model_id or "path/to/checkpoint"
     arch = config.architecture
+    title = getattr(ARCHITECTURES.get(arch), "title", None) or arch
     attention = attention_summary(config)
     causal = "CausalLM" in class_name
     datasets = info.get("datasets")
@@ -96,7 +97,7 @@ def model_card_text(config, card_info: dict | None = None, model_id: str | None 
     lines = [
         "---", data.to_yaml(), "---", "",
         f"# {model_id.rstrip('/').split('/')[-1]}", "",
-        f"Model: {_ARCH_TITLES.get(arch, arch)}, `{class_name}`, from the `angpt` library. {form}", "",
+        f"Model: {title}, `{class_name}`, from the `angpt` library. {form}", "",
         "| | |", "|---|---|",
         f"| architecture | `{arch}` |",
         f"| size | d={config.hidden_size}, {config.num_hidden_layers} layers, {config.num_attention_heads} heads, "

@@ -9,7 +9,7 @@ from torch import nn
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """N(x) = x/‖x‖₂ over `dim` (docs/architectures.md, "Notation")."""
+    """N(x) = x/‖x‖₂ over `dim` (docs/architectures.md, notation)."""
     return F.normalize(x, dim=dim, eps=1e-12)
 
 
@@ -69,7 +69,7 @@ class L2Norm(nn.Module):
 
 
 class Scale(nn.Module):
-    """A learnable vector stored reparameterised (docs/architectures.md, "nGPT"): s = (s_init / s_scale) · ŝ, ŝ
+    """A learnable vector stored reparameterised (docs/architectures.md, section `ngpt`): s = (s_init / s_scale) · ŝ, ŝ
     starts at s_scale.
 
     A small s_scale gives the effective vector a larger learning rate under Adam while every stored value
@@ -127,7 +127,7 @@ class AddResidual(nn.Module):
 
 
 class NormalizedLerp(nn.Module):
-    """nGPT: h ← N(h + α ⊙ (N(x) − h)) (docs/architectures.md, "nGPT"). h is already unit-norm, so N(h) is
+    """nGPT: h ← N(h + α ⊙ (N(x) − h)) (docs/architectures.md, section `ngpt`). h is already unit-norm, so N(h) is
     skipped."""
 
     def __init__(self, size: int, alpha_init: float, alpha_scale: float, alpha_abs: bool) -> None:
@@ -151,7 +151,7 @@ class NormalizedLerp(nn.Module):
 
 
 def lerp_nu(alpha: torch.Tensor) -> torch.Tensor:
-    """ν(α) = 1/√(mean_i(α_i² + (1 − α_i)²)) (docs/architectures.md, "anGPT"); equals 1/√(α² + (1−α)²) for a
+    """ν(α) = 1/√(mean_i(α_i² + (1 − α_i)²)) (docs/architectures.md, section `angpt`); equals 1/√(α² + (1−α)²) for a
     scalar α.
 
     The factor that keeps ‖(1−α)h + αx‖ ≈ 1 for independent unit-norm h and x.
@@ -160,7 +160,7 @@ def lerp_nu(alpha: torch.Tensor) -> torch.Tensor:
 
 
 class ApproxLerp(nn.Module):
-    """anGPT: h ← ν(α) · ((1 − α) ⊙ h + α ⊙ x) (docs/architectures.md, "anGPT"), computed as γ ⊙ h + x̃ in one
+    """anGPT: h ← ν(α) · ((1 − α) ⊙ h + α ⊙ x) (docs/architectures.md, section `angpt`), computed as γ ⊙ h + x̃ in one
     fused op.
 
     β = ν(α)·α is folded into the branch's output projection (the branch runs with the row scale β·constant and

@@ -1,4 +1,4 @@
-"""Logit-transform axis of attention (docs/attention.md, "Logit transforms") as a registry of behaviour, keyed by config strings.
+"""Logit-transform axis of attention (docs/attention.md, "Logit transform") as a registry of behaviour, keyed by config strings.
 
 A transform is one `LogitTransform` registered under its `config.attention_logit_transform` name: the definition
 below is all a backend needs, so a new transform (the package's or a user's) is one function plus one
@@ -129,7 +129,7 @@ def logn_init_value(config) -> float:
 
 
 def logn_query_scale(scale: torch.Tensor, layout) -> torch.Tensor:
-    """SSMax/LogN (docs/attention.md, "Logit transforms"): L = s_h·log(n)·S, applied as q ← s_h·log(n)·q. `scale` is s [h], n [b, q] is the
+    """SSMax/LogN (docs/attention.md, "Logit transform"): L = s_h·log(n)·S, applied as q ← s_h·log(n)·q. `scale` is s [h], n [b, q] is the
     number of keys the query can see (causal: its absolute position + 1). Returns a [b, h, q, 1] factor."""
     key_counts = layout.key_counts()
     return scale.view(1, -1, 1, 1) * torch.log(key_counts.to(scale.dtype).clamp_min(1.0))[:, None, :, None]

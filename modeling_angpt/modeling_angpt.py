@@ -188,7 +188,7 @@ class AnGPTAttention(nn.Module):
 
 class AnGPTMLP(nn.Module):
     """SwiGLU x = ν_d W_down(ν_acf · u ⊙ SiLU(z)), u = ν_uz s_u ⊙ W_up h, z = ν_uz √d s_v ⊙ W_gate h
-    (docs/architectures.md, "anGPT"; GPT+ has all factors 1)."""
+    (docs/architectures.md, section `angpt`; GPT+ has all factors 1)."""
 
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Position axis of attention (docs/attention.md, "Positions"): the RoPE types, as transformers 5 spells them in
+"""Position axis of attention (docs/attention.md, "Position"): the RoPE types, as transformers 5 spells them in
 `rope_parameters`, in one registry (`ROPE_TYPES`) that the config validates against and the rotary embedding
 (modeling_angpt.py) reads. A new type is one frequency function plus one `register_rope_type` call.
 
@@ -51,7 +51,7 @@ def default_inv_freq(config, device=None, seq_len=None) -> tuple[torch.Tensor, f
 
 
 def scale_invariant_p_inv_freq(config, device=None, seq_len=None) -> tuple[torch.Tensor, float]:
-    """The scale-invariant paper's p-RoPE (docs/attention.md, "Positions"; modded-nanogpt's "half-truncated RoPE"):
+    """The scale-invariant paper's p-RoPE (docs/attention.md, "Position"; modded-nanogpt's "half-truncated RoPE"):
     n = p·d_h/2 rotating pairs with ω_k = B^(−k/(n−1)), k = 0 … n−1 (from 1 down to 1/B, B = effective_base = 1024),
     and d_h/2 − n pairs with ω = 0. With the default p = 0.5 that is d_h/4 rotating pairs."""
     rope = config.rope_parameters
@@ -69,7 +69,7 @@ def no_rope(config, device=None, seq_len=None) -> tuple[torch.Tensor, float]:
 register_rope_type("default", default_inv_freq)
 register_rope_type("none", no_rope)
 register_rope_type("scale_invariant_p", scale_invariant_p_inv_freq, defaults={"effective_base": 1024.0},
-                   positive=("effective_base",))  # ω from 1 down to 1/1024 (docs/attention.md, "Positions")
+                   positive=("effective_base",))  # ω from 1 down to 1/1024 (docs/attention.md, "Position")
 register_rope_type("proportional", ROPE_INIT_FUNCTIONS["proportional"])
 # dynamic NTK with factor 1 is the paper's θ·(L/L_train)^(d/(d−2))
 register_rope_type("dynamic", ROPE_INIT_FUNCTIONS["dynamic"], defaults={"factor": 1.0}, positive=("factor",),

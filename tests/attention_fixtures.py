@@ -1,4 +1,4 @@
-"""Shared helpers for tests/test_attention_*.py: tiny models over the attention axes (SPEC §3)."""
+"""Shared helpers for tests/test_attention_*.py: tiny models over the attention axes (docs/attention.md)."""
 from __future__ import annotations
 
 import contextlib

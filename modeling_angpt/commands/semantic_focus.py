@@ -39,21 +39,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="library: AnGPTForSequenceClassification (--architecture, RoPE); paper: the paper's "
                         "encoder (sinusoidal positions, non-affine LayerNorm, ReLU MLP; saved as state_dict + JSON)")
     attention = parser.add_argument_group("attention (docs/attention.md)")
-    attention.add_argument("--attention-sparsity", default="none", choices=("none", "topk", "window", "block"),
-                           help="sparsity pattern of the attention (default none)")
+    attention.add_argument("--attention-sparsity", default="none",
+                           help="a registered sparsity pattern: none, topk, window, block or your own (default none)")
     attention.add_argument("--attention-topk", type=int, default=5, help="topk: keys kept per query (default 5)")
     attention.add_argument("--attention-window", type=int, default=5, help="window: keys per query (default 5)")
     attention.add_argument("--attention-block-size", type=int, default=5, help="block: block size (default 5)")
     attention.add_argument("--attention-global-tokens", type=int, default=0,
                            help="window/block: leading tokens every query sees (default 0)")
     attention.add_argument("--rope-type", default="default",
-                           choices=("default", "proportional", "scale_invariant_p", "none"),
-                           help="rotary position embedding of the library backbone (default: standard RoPE)")
+                           help="a registered rope type for the library backbone, e.g. default, proportional, "
+                           "scale_invariant_p, none (default: standard RoPE)")
     attention.add_argument("--partial-rotary-factor", type=float, default=None,
                            help="fraction of each head's dimensions that rotate (default: the rope type's)")
     attention.add_argument("--attn-implementation", default="eager", help="attention backend (default eager)")
     model = parser.add_argument_group("model (paper: 5 blocks, ListOps 10; d 64; MLP 64; 1 head; dropout 0.01)")
-    model.add_argument("--architecture", default="gptplus", choices=("gptplus", "angpt", "ngpt"),
+    model.add_argument("--architecture", default="gptplus",
                        help="library backbone's architecture (default gptplus)")
     model.add_argument("--qk-norm", action=argparse.BooleanOptionalAction, default=False,
                        help="GPT+'s QK-norm (off by default: the paper's model has none)")
@@ -84,8 +84,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
+    from ..architectures_angpt import ARCHITECTURES
     from ..evaluation.semantic_focus import run_protocol
+    from ..rotary_angpt import ROPE_TYPES
+    from ..sparsity_angpt import SPARSITIES
 
+    # checked against the registries the config validates against (no list of names here)
+    for option, value, registry in (("--architecture", args.architecture, ARCHITECTURES),
+                                    ("--rope-type", args.rope_type, ROPE_TYPES),
+                                    ("--attention-sparsity", args.attention_sparsity, SPARSITIES)):
+        if value not in registry:
+            print(f"angpt semantic-focus: error: {option} {value!r} is not registered; expected one of "
+                  f"{sorted(registry)}", file=sys.stderr)
+            return 2
     if args.threads:
         torch.set_num_threads(args.threads)
     task_kwargs = ({"min_length": args.listops_min_length, "max_length": args.listops_max_length}

@@ -1,5 +1,5 @@
 """Every (position × logit transform × sparsity) on every backend that supports it equals the eager reference,
-cached decoding equals the full forward, and unsupported combinations raise (SPEC §3)."""
+cached decoding equals the full forward, and unsupported combinations raise (docs/attention.md)."""
 import pytest
 import torch
 

@@ -1,4 +1,4 @@
-"""The attention side of the transformers model contract (SPEC §3): padding-free packing, a forward without
+"""The attention side of the transformers model contract (docs/attention.md): padding-free packing, a forward without
 data-dependent branches (torch.export, fullgraph compile), static-cache generation, cached decoding at any
 starting position with either cache, attention variants registered as plugins."""
 from types import SimpleNamespace
@@ -183,7 +183,7 @@ def test_registered_variants_run_everywhere_and_survive_folding(plugins, tmp_pat
     model.set_attn_implementation("eager")
     folded = model.fold()
     assert folded.config.attention_logit_transform == transform
-    tolerance = 1e-5 * max(1.0, expected.abs().max().item())  # SPEC §2
+    tolerance = 1e-5 * max(1.0, expected.abs().max().item())  # docs/inference-fold.md
     torch.testing.assert_close(logits(folded, ids, mask)[mask.bool()], expected[mask.bool()], rtol=0, atol=tolerance)
     folded.save_pretrained(tmp_path)
     LOGIT_TRANSFORMS.pop(transform)  # a new process that never registered it: a clear error, no silent fallback

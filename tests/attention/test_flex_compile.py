@@ -1,5 +1,5 @@
 """Compiled FlexAttention compiles once for every length, batch size and layer, never falls back to the unfused
-path, and equals the eager reference (issue 12 item 4; SPEC §3, flex_angpt.py)."""
+path, and equals the eager reference (docs/attention.md, flex_angpt.py)."""
 import warnings
 
 import pytest

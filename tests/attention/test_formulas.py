@@ -1,4 +1,4 @@
-"""The attention axes against their formulas (SPEC §3, research note scale-invariant-attention §1–2) and the
+"""The attention axes against their formulas (docs/attention.md) and the
 neutral settings that must reduce to plain attention."""
 import dataclasses
 import math
@@ -16,7 +16,7 @@ from modeling_angpt.rotary_angpt import compute_inv_freq
 
 from attention_fixtures import assert_close_on, build, logits, make_config, padded_batch
 
-# research note §1.2 table (τ = 10)
+# the paper's table (τ = 10)
 SCALE_INVARIANT_TABLE = {0: (1.0, 0.0), 1: (1.091, -0.191), 10: (1.545, -1.386), 100: (2.407, -4.796),
                          4095: (3.610, -12.035)}
 
@@ -71,7 +71,7 @@ def test_p_rope_frequencies():
 
 
 def _oracle(q, k, v, scale, transform, sparsity, causal=True, tau=10.0, k_top=3, window=4, block=5):
-    """Independent loop implementation of SPEC §3 for one [h, T, d] problem."""
+    """Independent loop implementation of docs/attention.md for one [h, T, d] problem."""
     heads, length, _ = q.shape
     slopes = alibi_slopes(heads)
     out = torch.zeros_like(q)
@@ -147,7 +147,7 @@ def test_logn_is_a_query_scaling_by_log_position(monkeypatch):
     torch.testing.assert_close(captured[0], captured[2] * scale, rtol=1e-6, atol=1e-6)
 
 
-# Neutral settings reduce to plain attention (SPEC §3; DESIGN principle 7)
+# Neutral settings reduce to plain attention (docs/attention.md)
 NEUTRAL = [
     ("topk k >= T", dict(attention_sparsity="topk", attention_topk=18), {}),
     ("window >= T", dict(attention_sparsity="window", attention_window=18), {}),

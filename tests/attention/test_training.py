@@ -1,5 +1,5 @@
 """The chunked path never holds a T×T tensor per head and trains like eager; top-k bidirectional classification
-trains and predicts; the compiled FlexAttention kernel equals eager (SPEC §3)."""
+trains and predicts; the compiled FlexAttention kernel equals eager (docs/attention.md)."""
 import pytest
 import torch
 

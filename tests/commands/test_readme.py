@@ -14,10 +14,8 @@ from cli_helpers import REPO, cli_env
 
 README = REPO / "README.md"
 GUIDES = sorted(path for path in REPO.glob("docs/*.md"))  # the guides; docs/results/ holds tables, not examples
-# bench/RESULTS.md is left out: the old research log, no longer written (its figures moved to docs/results/ and the
-# experiments' READMEs, its plots with them), kept until it is deleted.
 PAGES = [README, *sorted(REPO.glob("docs/**/*.md")), *sorted(REPO.glob("conversion/*.md")),
-         *sorted(p for p in REPO.glob("bench/*.md") if p.name != "RESULTS.md"),
+         *sorted(REPO.glob("bench/*.md")),
          *sorted(REPO.glob("experiments/**/*.md"))]
 # A repository path in backticks: `docs/attention.md`, `tests/contract/`, `experiments/needle/needle.py`.
 NAMED_PATH = r"`((?:docs|configuration|conversion|bench|experiments|eval|tests|modeling_angpt)/[\w./-]*)`"

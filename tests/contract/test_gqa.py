@@ -1,5 +1,5 @@
-"""Grouped-query attention with a free head_dim (issue 10.7): every architecture, backend, the KV cache, folding,
-save/load, the ν constants (SPEC §1.3), and the Qwen3/Llama → GPT+ converter on GQA checkpoints."""
+"""Grouped-query attention with a free head_dim: every architecture, backend, the KV cache, folding,
+save/load, the ν constants (docs/architectures.md), and the Qwen3/Llama → GPT+ converter on GQA checkpoints."""
 import math
 
 import pytest
@@ -49,7 +49,7 @@ def test_gqa_backends_cache_fold_and_reload(tmp_path, monkeypatch, architecture)
 
 
 def test_gqa_nu_constants_keep_unit_norms_at_init():
-    """SPEC §1.3's sanity property with d_h = head_dim, H·d_h ≠ d and 4 query heads per key/value head: each value
+    """docs/architectures.md's sanity property with d_h = head_dim, H·d_h ≠ d and 4 query heads per key/value head: each value
     head and the attention sublayer's output x_A = ν_p W_o y (unit head outputs y) have norm ≈ 1 at init."""
     torch.manual_seed(0)
     d, heads, kv_heads, d_h = 256, 8, 2, 48

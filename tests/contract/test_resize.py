@@ -1,4 +1,4 @@
-"""resize_token_embeddings (issue 10.3): embedding, head and the per-token output scale s_z move together, new rows
+"""resize_token_embeddings: embedding, head and the per-token output scale s_z move together, new rows
 satisfy the architecture's weight constraint, old tokens' logits do not change, and the result folds."""
 import pytest
 import torch

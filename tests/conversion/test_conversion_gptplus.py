@@ -1,4 +1,4 @@
-"""GPT+ converted from transformers' own Qwen3 and Llama reproduces their logits (SPEC §1.1)."""
+"""GPT+ converted from transformers' own Qwen3 and Llama reproduces their logits (docs/architectures.md)."""
 import subprocess
 import sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""Length generalisation (issue 9 item 3; docs/evaluation.md): losses against an independent computation, 16× the
+"""Length generalisation (docs/evaluation.md): losses against an independent computation, 16× the
 training length within the chunked path's memory bound for a scale-invariant and a RoPE model, the suite on a trained
 checkpoint's held-out text, and one-line errors for lengths the checkpoint cannot take."""
 import json

@@ -1,4 +1,4 @@
-"""Needle in a haystack (issue 9 item 4; docs/evaluation.md): the scorer, the generator (checked by a regex over the
+"""Needle in a haystack (docs/evaluation.md): the scorer, the generator (checked by a regex over the
 haystack, written apart from the generator), the fine-tuning recipe with its answer-only loss, and the evaluation
 at 1×, 4× and 16× through the Python API and the lm-eval task."""
 import json

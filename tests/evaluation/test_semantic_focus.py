@@ -1,4 +1,4 @@
-"""Semantic-focus tasks (SPEC §4): every generator's labels against an independent checker written differently
+"""Semantic-focus tasks (docs/evaluation.md): every generator's labels against an independent checker written differently
 from it, seeded disjoint splits, the fixed tokenizers, and `angpt semantic-focus` end to end (the experiment at
 a smoke size: experiments/semantic_focus/)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The semantic-focus paper's own encoder (paper_encoder.py; SPEC §4, research note §1.0, §3.1) against oracles
+"""The semantic-focus paper's own encoder (paper_encoder.py; docs/evaluation.md) against oracles
 written independently of the library: attention by hand (top-k by an explicit sort, the window and the blocks
 from their definitions), permutation (in)variance, initialisation and shapes, and the protocol and CLI with
 `backbone="paper"` at smoke sizes (the experiment: experiments/semantic_focus/)."""

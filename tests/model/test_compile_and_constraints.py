@@ -1,4 +1,4 @@
-"""Compiled training (issue 12 item 2): regional compilation without graph breaks, the same losses as eager,
+"""Compiled training: regional compilation without graph breaks, the same losses as eager,
 and the grouped weight constraint bit-identical to the per-matrix one."""
 from __future__ import annotations
 

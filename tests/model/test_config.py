@@ -1,4 +1,4 @@
-"""AnGPTConfig: HF-canonical fields, every SPEC flag reachable, clear errors for bad values."""
+"""AnGPTConfig: HF-canonical fields, every [flag] choice reachable, clear errors for bad values."""
 import logging
 
 import pytest

@@ -1,4 +1,4 @@
-"""The folded inference form (SPEC §2) computes what the training form computes, and nothing more."""
+"""The folded inference form (docs/inference-fold.md) computes what the training form computes, and nothing more."""
 from __future__ import annotations
 
 import subprocess
@@ -221,7 +221,7 @@ def test_folded_checkpoint_trust_remote_code(tmp_path, tiny_config, architecture
     assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
 
 
-# --- what the folded anGPT forward still computes (SPEC §2's list) --------------------------------------------------
+# --- what the folded anGPT forward still computes (docs/inference-fold.md's list) --------------------------------------------------
 class ActivationOps(TorchDispatchMode):
     """Counts aten ops whose output is an activation (leading dim = the probe batch size)."""
 
@@ -249,7 +249,7 @@ def activation_ops(model, batch=3, length=7):
 
 
 def test_folded_angpt_forward_has_only_spec_ops(tiny_config):
-    """Per layer SPEC §2 leaves: two L2 norms (q, k), one multiply on q, RoPE, softmax, SiLU ⊙ gate, two adds."""
+    """Per layer docs/inference-fold.md leaves: two L2 norms (q, k), one multiply on q, RoPE, softmax, SiLU ⊙ gate, two adds."""
     layers = 3
     model = build(tiny_config, "angpt", attn="sdpa", num_hidden_layers=layers)
     folded = model.fold()

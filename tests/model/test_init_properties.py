@@ -1,4 +1,4 @@
-"""SPEC §1.3 sanity properties at initialisation, the ν constants, and the weight constraints."""
+"""docs/architectures.md sanity properties at initialisation, the ν constants, and the weight constraints."""
 import math
 
 import pytest
@@ -19,7 +19,7 @@ def test_nu_constants_are_derived(tiny_config):
     nu = get_architecture(config).constants(config)
     assert nu["v"] == pytest.approx(4.0) and nu["o"] == pytest.approx(0.25) and nu["down"] == pytest.approx(2.0)
     assert nu["gate"] == pytest.approx(0.5 * 32)
-    # up = ν_uz · ν_acf with ν_acf = 1/√E[SiLU(z)²], z ~ N(0, 1/4): 3.720 (research note §5.4)
+    # up = ν_uz · ν_acf with ν_acf = 1/√E[SiLU(z)²], z ~ N(0, 1/4): 3.720 (docs/architectures.md)
     assert nu["up"] / 0.5 == pytest.approx(3.720, abs=1e-3)
     assert silu_second_moment(0.5) == pytest.approx(0.07225, abs=1e-5)
 
@@ -62,7 +62,7 @@ def test_angpt_residual_stream_norm_through_24_layers(tiny_config):
 
 
 def test_attention_output_is_below_one_at_init(tiny_config):
-    """Diffuse attention averages many unit values (research note §5.3): measured, not corrected."""
+    """Diffuse attention averages many unit values: measured, not corrected."""
     config = tiny_config("angpt", hidden_size=256, num_attention_heads=4, num_hidden_layers=1, vocab_size=512,
                          max_position_embeddings=256)
     model = AnGPTForCausalLM._from_config(config, attn_implementation="eager").eval()
@@ -75,7 +75,7 @@ def test_attention_output_is_below_one_at_init(tiny_config):
         outputs = [(probs @ value).transpose(1, 2)]  # [b, t, h, d_h]
     head_norms = outputs[0].norm(dim=-1)  # [b, t, h]
     # t = 0 sees a single value vector (‖ν_qkv v‖ ≈ 1); far positions average many: ≈ 0.07 mean at T = 2048
-    # in research note §5.3, ≈ 0.1-0.2 here at T = 256.
+    # ≈ 0.1-0.2 here at T = 256.
     assert head_norms[:, 0].mean().item() == pytest.approx(1.0, abs=0.1)
     assert head_norms[:, 128:].mean().item() < 0.5
 

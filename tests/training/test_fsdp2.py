@@ -1,4 +1,4 @@
-"""FSDP2 (fully_shard) on two CPU processes over gloo, launched as a user would (issue 12 item 6).
+"""FSDP2 (fully_shard) on two CPU processes over gloo, launched as a user would.
 
 configuration/accelerate/cpu_2proc_fsdp2.yaml + ACCELERATE_USE_CPU=true: every parameter becomes a DTensor
 sharded along dim 0. Checked: the losses equal a single process with the same global batch (float32), the weight

@@ -1,4 +1,4 @@
-"""MFU is reported against a peak measured on the same device (issue 12 item 7), measured once and cached."""
+"""MFU is reported against a peak measured on the same device, measured once and cached."""
 import json
 
 import torch

@@ -1,4 +1,4 @@
-"""anGPT trains stably at width with its recipe defaults (issue 12 item 1; experiments/width_depth_stability/ has
+"""anGPT trains stably at width with its recipe defaults (experiments/width_depth_stability/ has
 the sweep).
 
 The first steps at a constant learning rate are where a wide anGPT diverged: Adam's first sign-like steps grow a
