@@ -41,8 +41,11 @@ $(DEMO_DIR)/final/config.json: $(DEMO_RECIPE) | $(STAMP)
 $(DEMO_DIR)/folded/config.json: $(DEMO_DIR)/final/config.json
 	$(VENV)/bin/angpt export $(DEMO_DIR)/final $(DEMO_DIR)/folded --overwrite
 
+# One pytest worker per core (pytest-xdist; each worker runs torch on one thread): about 4 minutes on 2 cores.
+# PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -x --durations=15
+	$(VENV)/bin/python -m pytest -q -x $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) --durations=15
 
 # The experiments' smoke tests (experiments/*/test_*.py: each study's scripts end to end on tiny models); `make test`
 # collects tests/ only.
