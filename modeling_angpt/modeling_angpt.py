@@ -165,10 +165,10 @@ class AnGPTAttention(nn.Module):
         value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(kv_heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = apply_rotary(query, key, *position_embeddings)
-        if self.qk_scale is not None:  # s_qk after RoPE (docs/architectures.md): one per key channel, shared by its query heads
+        if self.qk_scale is not None:  # s_qk after RoPE: one per key channel, shared by the query heads reading it
             s_qk = self.qk_scale().view(self.num_key_value_heads, 1, self.head_dim).to(query.dtype)
             query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
-        if self.query_gain is not None:  # folded form: all of q's and k's factors merged onto q (docs/inference-fold.md)
+        if self.query_gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
             query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
         if past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
@@ -206,7 +206,8 @@ class AnGPTMLP(nn.Module):
         if self.up_scale is not None:
             up_scale, gate_scale = self.up_scale() * up_scale, self.gate_scale() * gate_scale
         hidden = linear(x, self.up_proj.weight, up_scale) * nn.functional.silu(linear(x, self.gate_proj.weight, gate_scale))
-        return linear(hidden, self.down_proj.weight, self.nu_down if output_scale is None else output_scale * self.nu_down)
+        down_scale = self.nu_down if output_scale is None else output_scale * self.nu_down
+        return linear(hidden, self.down_proj.weight, down_scale)
 
 
 class AnGPTDecoderLayer(GradientCheckpointingLayer):
