@@ -425,8 +425,9 @@ def uses_layout(config) -> bool:
 
 
 def check_attention_backend_once(config) -> None:
-    """check_attention_backend, memoised per (backend, transform, sparsity). AnGPTModel.forward calls it outside
-    the decoder blocks, so blocks compiled on their own (training's compile_blocks) never guard on the memo."""
+    """check_attention_backend, memoised per (backend, transform, sparsity). AnGPTModel.forward calls it once per
+    forward, outside the decoder blocks, so blocks compiled on their own (training's compile_blocks) never guard on
+    the memo."""
     key = (config._attn_implementation or "eager", config.attention_logit_transform, config.attention_sparsity)
     if key not in _checked:
         check_attention_backend(config, key[0])
@@ -434,9 +435,7 @@ def check_attention_backend_once(config) -> None:
 
 
 def get_attention_function(config):
-    """The registered function for `config._attn_implementation`, after checking that it computes this variant
-    exactly; None for a name this registry does not know (the caller takes transformers' function of that name)."""
-    if not torch.compiler.is_compiling():  # compiled, the model's forward has checked it (see above)
-        check_attention_backend_once(config)
+    """The registered function for `config._attn_implementation` (checked by the model's forward, see above); None
+    for a name this registry does not know (the caller takes transformers' function of that name)."""
     backend = ATTENTION_BACKENDS.get(config._attn_implementation or "eager")
     return None if backend is None else backend.function

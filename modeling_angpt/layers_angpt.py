@@ -177,7 +177,10 @@ class ApproxLerp(nn.Module):
 
     def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(γ, β) with γ = ν(α)(1 − α) on the stream and β = ν(α) α on the branch (docs/inference-fold.md)."""
-        alpha = self.alpha()
+        return self._split(self.alpha())
+
+    def _split(self, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(γ, β) of an effective α (the live one, or its float64 copy when folding)."""
         if self.alpha_abs:
             alpha = alpha.abs()
         if not self.nu:
@@ -189,11 +192,5 @@ class ApproxLerp(nn.Module):
         return torch.addcmul(x.to(h.dtype), h, gamma.to(h.dtype))
 
     def fold(self):
-        with torch.no_grad():
-            alpha = self.alpha.fold()
-            if self.alpha_abs:
-                alpha = alpha.abs()
-            if not self.nu:
-                return alpha, 1.0 - alpha, {}
-            nu = lerp_nu(alpha)
-            return nu * alpha, nu * (1.0 - alpha), {}
+        gamma, beta = self._split(self.alpha.fold())
+        return beta, gamma, {}

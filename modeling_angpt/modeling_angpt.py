@@ -176,7 +176,7 @@ class AnGPTAttention(nn.Module):
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
                                                                                    self.is_causal)
             query = query * self.logit_transform.query_scale(self.logn_scale, layout).to(query.dtype)
-        # the registered backend (raises if it cannot compute this variant), else transformers' function by name
+        # the registered backend (AnGPTModel.forward checked that it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)
         output, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling,
