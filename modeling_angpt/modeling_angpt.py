@@ -340,10 +340,13 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
 
     def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
         """transformers' resize_token_embeddings builds a plain nn.Linear head: keep its weight in a RowScaledLinear,
-        whose call takes s_z (output_logits)."""
+        whose call takes s_z (output_logits). The wrapper keeps transformers' initialised mark, so a later
+        post_init() leaves the resized rows as they are."""
         if type(new_embeddings) is nn.Linear:
             head = RowScaledLinear(new_embeddings.in_features, new_embeddings.out_features, bias=False, device="meta")
             head.weight = new_embeddings.weight
+            if getattr(new_embeddings, "_is_hf_initialized", False):
+                head._is_hf_initialized = True
             new_embeddings = head
         self.lm_head = new_embeddings
 

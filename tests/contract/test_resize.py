@@ -53,3 +53,17 @@ def test_resize_without_mean_resizing_uses_the_architecture_init(architecture):
     loss = model.train()(ids(low=VOCAB - 5).clamp(max=VOCAB + 9), labels=ids()).loss  # and it trains
     loss.backward()
     assert model.logit_scale.weight.grad.shape == (VOCAB + 10,)
+
+
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_post_init_after_resize_keeps_the_resized_head(architecture):
+    """transformers marks the resized head initialised; post_init() (e.g. after adding a module) must not re-draw it."""
+    model = causal_lm(architecture, tie_word_embeddings=False)
+    tokens = ids()
+    model.resize_token_embeddings(VOCAB + 7)
+    with torch.no_grad():
+        before = model(tokens).logits
+    model.post_init()
+    with torch.no_grad():
+        after = model(tokens).logits
+    assert torch.equal(after, before)
