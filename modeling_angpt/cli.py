@@ -17,6 +17,7 @@ EPILOG = ("Run `angpt COMMAND --help` for a command's options. The README and do
 
 # command -> (module, one-line help)
 COMMANDS = {
+    "prepare": ("modeling_angpt.commands.prepare", "tokenise a recipe's corpus into token shards for training"),
     "train": ("modeling_angpt.commands.train", "train a model from a recipe YAML"),
     "export": ("modeling_angpt.commands.export", "fold the constants into the weights (inference form)"),
     "eval": ("modeling_angpt.commands.eval", "evaluate a checkpoint (lm-eval suites, held-out loss, length, needle)"),

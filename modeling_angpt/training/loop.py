@@ -26,6 +26,7 @@ from ..hub import save_pretrained
 from . import checkpoint as ckpt
 from . import run_dir, run_lock
 from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
+from .train_loader import batch_stream, data_epoch, loader_state, make_train_loader
 from .launch import (_has_accelerator_device, accelerator_device_kwargs, check_launch_environment,
                      check_process_group, group_peak_flops)
 from .distributed import enable_cpu_fsdp
@@ -92,26 +93,6 @@ def make_accelerator(recipe: Recipe):
     check_process_group(accelerator)
     enable_cpu_fsdp(accelerator)  # FSDP2 on CPU processes (gloo), which accelerate alone drops
     return accelerator
-
-
-def batch_stream(accelerator, dataloader, batches_done: int):
-    """Batches forever, epoch after epoch, starting after `batches_done` (for resume)."""
-    if isinstance(dataloader.dataset, torch.utils.data.IterableDataset):
-        epoch, skip = 0, batches_done  # a stream has no known length; skip by iterating
-    else:
-        epoch, skip = divmod(batches_done, len(dataloader))
-    while True:
-        dataloader.set_epoch(epoch)
-        loader = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
-        if skip:
-            loader.set_epoch(epoch)
-        produced = False
-        for batch in loader:
-            produced = True
-            yield batch
-        if not produced and not skip:
-            raise ValueError("the training set yields no batch: lower per_device_train_batch_size or block_size")
-        epoch, skip = epoch + 1, 0
 
 
 @torch.no_grad()
@@ -189,7 +170,8 @@ def _build(recipe: Recipe, source, config) -> _Run:
 
     accelerator = make_accelerator(recipe)
     set_seed(recipe.seed)  # before the model: the initial weights are a function of the seed
-    tokenizer, train_ds, val_ds, data_info = build_datasets(recipe, source, accelerator.main_process_first)
+    tokenizer, train_ds, val_ds, data_info = build_datasets(recipe, source, accelerator.main_process_first,
+                                                            accelerator.process_index, accelerator.num_processes)
     if recipe.dataset_kind == "needle":
         train_ds, val_ds, data_info = needle_datasets(recipe, tokenizer, train_ds, val_ds, data_info)
     model = build_model(recipe, config, tokenizer)
@@ -201,13 +183,11 @@ def _build(recipe: Recipe, source, config) -> _Run:
         compile_blocks(model, recipe.torch_compile_mode)
     optimizer = build_optimizer(model, recipe)
     scheduler = build_scheduler(optimizer, recipe)
-    is_stream = isinstance(train_ds, torch.utils.data.IterableDataset)
-    train_dl = torch.utils.data.DataLoader(train_ds, batch_size=recipe.per_device_train_batch_size,
-                                           shuffle=not is_stream, drop_last=True,
-                                           num_workers=recipe.dataloader_num_workers)
+    train_dl, accelerate_shards = make_train_loader(recipe, accelerator, train_ds)  # train_loader.py
     val_dl = torch.utils.data.DataLoader(val_ds, batch_size=recipe.per_device_eval_batch_size)
-    model, optimizer, train_dl, val_dl, scheduler = accelerator.prepare(model, optimizer, train_dl, val_dl,
-                                                                        scheduler)
+    loaders = [train_dl, val_dl] if accelerate_shards else [val_dl]
+    model, optimizer, *loaders, scheduler = accelerator.prepare(model, optimizer, *loaders, scheduler)
+    train_dl, val_dl = loaders if accelerate_shards else (train_dl, loaders[0])
     return _Run(recipe, accelerator, tokenizer, model, accelerator.unwrap_model(model), optimizer, scheduler,
                 train_dl, val_dl, data_info)
 
@@ -248,6 +228,9 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": []}
     if resume_from is not None:
         state = ckpt.load_checkpoint(acc, resume_from)
+        data_state = ckpt.load_data_state(acc, resume_from)
+        if data_state is not None:
+            run.train_dl.load_state_dict(data_state)
         acc.print(f"resumed from {resume_from} at step {state['step']}")
     start_step = state["step"]
     if acc.is_main_process:
@@ -274,7 +257,6 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
     from tqdm.auto import tqdm
 
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(run.recipe.output_dir)
-    is_stream = isinstance(run.train_dl.dataset, torch.utils.data.IterableDataset)
     tokens_per_step = (recipe.per_device_train_batch_size * recipe.block_size
                        * recipe.gradient_accumulation_steps * acc.num_processes)
     flops_per_token = training_flops_per_token(run.raw_model, recipe.block_size)
@@ -316,8 +298,8 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
             if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps:
                 # The RNG states themselves are in save_state's random_states_<rank>.pkl.
                 state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
-                                "sampler_epoch": 0 if is_stream else state["batches"] // len(run.train_dl)}
-                ckpt.save_checkpoint(acc, output_dir, state, recipe.save_total_limit)
+                                "sampler_epoch": data_epoch(run.train_dl, state["batches"])}
+                ckpt.save_checkpoint(acc, output_dir, state, recipe.save_total_limit, loader_state(run.train_dl))
             if stop_after_steps is not None and step >= stop_after_steps:
                 return
 
