@@ -9,7 +9,9 @@ copies next to a checkpoint for `trust_remote_code` loading: it imports nothing 
 """
 from __future__ import annotations
 
+import functools
 import inspect
+import warnings
 
 import torch
 from torch import nn
@@ -20,6 +22,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutputWithPast,
                                            SequenceClassifierOutputWithPast)
+from transformers.processing_utils import Unpack
+from transformers.utils import TransformersKwargs
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
@@ -39,6 +43,24 @@ from .rotary_angpt import ROPE_TYPES, compute_inv_freq
 OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 _MASK_CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(create_causal_mask).parameters  # the mask helpers'
                         else "past_key_values")  # name (5.24 deprecates the old one, to be removed in 5.40)
+
+
+def accepts_old_cache_name(forward):
+    """A model forward's `cache` argument also arrives as `past_key_values` (what transformers before 5.24 passes, and
+    callers written for it); transformers from 5.24 on says the old name is deprecated, as its own models do."""
+    @functools.wraps(forward)
+    def wrapper(self, *args, **kwargs):
+        if "past_key_values" in kwargs:
+            old = kwargs.pop("past_key_values")
+            if kwargs.get("cache") is not None and old is not None and kwargs["cache"] is not old:
+                raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
+            if OUTPUT_CACHE_FIELD == "cache" and not torch.compiler.is_compiling():
+                warnings.warn("`past_key_values` is deprecated: pass the KV cache as `cache`", FutureWarning,
+                              stacklevel=2)
+            kwargs["cache"] = kwargs.get("cache") if old is None else old
+        return forward(self, *args, **kwargs)
+
+    return wrapper
 
 
 def cache_argument(past_key_values, kwargs: dict):
@@ -84,7 +106,8 @@ class AnGPTRotaryEmbedding(nn.Module):
     the hidden states of later layers would differ anyway). We therefore fix the base for a whole sequence:
     L = the `rope_seq_len` the caller passes (the total length known up front, e.g. prompt + new tokens), otherwise
     the length of the first forward that filled the cache (max position + 1), remembered on the cache. Cached
-    decoding then equals a full forward computed with the same L exactly.
+    decoding then equals a full forward computed with the same L exactly. Called on its own without `seq_len`, the
+    module takes L = max position + 1 of the positions it is given (as transformers' rotary modules do).
     """
 
     def __init__(self, config) -> None:
@@ -112,6 +135,8 @@ class AnGPTRotaryEmbedding(nn.Module):
     @torch.no_grad()
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor, seq_len: int | None = None):
         inv_freq = self.inv_freq
+        if seq_len is None and self.length_dependent:  # called on its own: L from the positions it is given
+            seq_len = int(position_ids.max()) + 1
         if seq_len is not None:  # dynamic NTK: frequencies for this forward's fixed L (see the class docstring)
             inv_freq = compute_inv_freq(self.config, x.device, seq_len)[0]
         freqs = position_ids[..., None].float() * inv_freq.float()  # [b, t, r/2]
@@ -262,11 +287,13 @@ class AnGPTModel(AnGPTPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
+    @accepts_old_cache_name
     @merge_with_config_defaults
     @capture_outputs
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values: Cache | None = None,
-                inputs_embeds=None, use_cache: bool | None = None, **kwargs) -> BaseModelOutputWithPast:
-        past_key_values = cache_argument(past_key_values, kwargs)
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache: Cache | None = None,
+                inputs_embeds=None, use_cache: bool | None = None,
+                **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutputWithPast:
+        past_key_values = cache
         check_attention_backend_once(self.config)  # raises if the backend cannot compute this attention variant
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
@@ -356,15 +383,15 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         s_z = None if self.logit_scale is None else self.logit_scale()
         return self.lm_head(hidden_states, s_z)  # the module, so FSDP gathers its sharded weight
 
+    @accepts_old_cache_name
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache: Cache | None = None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
-                **kwargs) -> CausalLMOutputWithPast:
-        past_key_values = cache_argument(past_key_values, kwargs)
+                **kwargs: Unpack[TransformersKwargs]) -> CausalLMOutputWithPast:
         # return_dict=True: the head reads fields; @can_return_tuple makes the tuple (also for config.return_dict=False)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             return_dict=True, **kwargs)
+                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True,
+                             **kwargs)
         hidden_states = outputs.last_hidden_state
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.output_logits(hidden_states[:, keep, :])
@@ -402,14 +429,15 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
         last = (attention_mask.long() * positions).argmax(-1)
         return hidden_states[torch.arange(hidden_states.shape[0], device=mask.device), last]
 
+    @accepts_old_cache_name
     @can_return_tuple
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, **kwargs) -> SequenceClassifierOutputWithPast:
-        past_key_values = cache_argument(past_key_values, kwargs)
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache: Cache | None = None,
+                inputs_embeds=None, labels=None, use_cache=None,
+                **kwargs: Unpack[TransformersKwargs]) -> SequenceClassifierOutputWithPast:
         # return_dict=True: the head reads fields; @can_return_tuple makes the tuple (also for config.return_dict=False)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             return_dict=True, **kwargs)
+                             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, return_dict=True,
+                             **kwargs)
         pooled = self.pool(outputs.last_hidden_state, attention_mask)
         logits = self.score(self.dropout(pooled))
         loss = None

@@ -71,7 +71,7 @@ def decode_incrementally(model, ids, mask, prefill: int, steps=(1,), **kwargs) -
         while start < ids.shape[1]:
             end, i = min(start + steps[i % len(steps)], ids.shape[1]), i + 1
             out = model(ids[:, start:end], attention_mask=None if mask is None else mask[:, :end],
-                        past_key_values=cache, use_cache=True, **kwargs)
+                        cache=cache, use_cache=True, **kwargs)
             pieces.append(out.logits)
             cache, start = out.past_key_values, end
     return torch.cat(pieces, dim=1)

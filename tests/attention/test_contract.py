@@ -108,7 +108,7 @@ def _decode(model, ids, mask, positions, cache, prefill, steps=(1, 2)):
             kwargs = {} if mask is None else {"attention_mask": mask[:, :end]}
             if positions is not None:
                 kwargs["position_ids"] = positions[:, start:end]
-            pieces.append(model(ids[:, start:end], past_key_values=cache, use_cache=True, **kwargs).logits)
+            pieces.append(model(ids[:, start:end], cache=cache, use_cache=True, **kwargs).logits)
             start, end, i = end, min(end + steps[i % len(steps)], ids.shape[1]), i + 1
     return torch.cat(pieces, dim=1)
 

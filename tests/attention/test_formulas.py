@@ -55,6 +55,12 @@ def test_dynamic_ntk_base_matches_transformers(multiple):
     positions = torch.tensor([[0, 1, length - 1]])
     cos, _ = rotary(torch.zeros(1), positions, rotary.sequence_length(positions))
     torch.testing.assert_close(cos[0, 2, : d // 2], torch.cos((length - 1) * expected), rtol=0, atol=1e-4)
+    # called on its own (as transformers' rope tests call it), the module takes L from the positions it is given
+    alone, _ = rotary(torch.zeros(1), positions)
+    torch.testing.assert_close(alone, cos, rtol=0, atol=0)
+    within, _ = rotary(torch.zeros(1), torch.tensor([[0, 1, 4095]]))  # L <= L_train: the base is unchanged
+    torch.testing.assert_close(within[0, 2, : d // 2], torch.cos(4095 * (1.0 / 10000.0 ** (
+        torch.arange(0, d, 2, dtype=torch.float32) / d))), rtol=0, atol=1e-4)
 
 
 def test_p_rope_frequencies():

@@ -72,7 +72,7 @@ def test_cached_decoding_equals_full_forward(tiny_config, architecture, implemen
         steps = [out.logits]
         cache = out.past_key_values
         for t in range(5, 12):
-            out = model(ids[:, t:t + 1], past_key_values=cache, use_cache=True)
+            out = model(ids[:, t:t + 1], cache=cache, use_cache=True)
             cache = out.past_key_values
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
