@@ -79,6 +79,8 @@ def resolve_source(dataset: str) -> DataSource:
     if unsupported:
         raise ValueError(f"dataset {dataset!r}: unsupported file suffix {', '.join(unsupported)}; expected one of "
                          f"{' '.join(sorted(BUILDERS))}")
+    if all(f.stat().st_size == 0 for f in files):
+        raise ValueError(f"dataset {dataset!r}: the corpus is empty (its {len(files)} file(s) hold 0 bytes)")
     builders = {BUILDERS.get(f.suffix) for f in files}
     if len(builders) != 1:
         raise ValueError(f"dataset {dataset!r} mixes file types {sorted(f.suffix for f in files)}; use one kind")

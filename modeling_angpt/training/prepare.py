@@ -158,24 +158,37 @@ class _ShardWriter:
                 "sha256": self.sha.hexdigest()}
 
 
+def _encoder(path: Path):
+    """(texts -> token ids, vocabulary size). The `tokenizers` object of a fast tokenizer directly: the same ids as
+    transformers' tokenizer(texts, add_special_tokens=False), without importing transformers in every worker."""
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        backend = Tokenizer.from_file(str(path / "tokenizer.json"))
+        return (lambda texts: [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)],
+                backend.get_vocab_size(with_added_tokens=True))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"], len(tokenizer)
+
+
 def prepare_unit(recipe_values: dict, output: str, unit: tuple[int, int, int]) -> dict:
     """One work unit, in a worker process: its rows tokenised into train-/val-UNIT.bin and a record."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: N workers use N cores
-    from transformers import AutoTokenizer
-
     from .recipe import recipe_from_dict
 
     recipe, output = recipe_from_dict(recipe_values), Path(output)
     source = resolve_source(recipe.dataset)
     ds = _load_corpus(recipe, source)
-    tokenizer = AutoTokenizer.from_pretrained(output / TOKENIZER_DIR)
-    dtype = token_dtype(len(tokenizer))
+    encode, vocab_size = _encoder(output / TOKENIZER_DIR)
+    dtype = token_dtype(vocab_size)
     index, start, stop = unit
     writers = {split: _ShardWriter(output, f"{split}-{index:05d}.bin", split) for split in ("train", "val")}
     for texts in _rows(recipe, ds, start, stop):
         texts = [t for t in texts if t]
         sides = [held_out(t, recipe.data_seed, recipe.validation_fraction) for t in texts]
-        encoded = tokenizer(_with_separators(texts, source.builder), add_special_tokens=False)["input_ids"]
+        encoded = encode(_with_separators(texts, source.builder))
         for split, side in (("train", False), ("val", True)):
             chosen = [ids for ids, s in zip(encoded, sides) if s == side]
             if chosen:
@@ -194,12 +207,23 @@ def _run_units(recipe, output: Path, pending: list, num_proc: int, progress) -> 
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    # spawn: workers start clean (no forked torch or tokenizers thread pools)
-    with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(prepare_unit, recipe.to_dict(), str(output), unit) for unit in pending]
-        for future in as_completed(futures):
-            future.result()
-            progress(1)
+    from .. import DEFER_REGISTRATION
+
+    # spawn: workers start clean (no forked torch or tokenizers thread pools); they need none of transformers'
+    # Auto-class registration that importing the package does
+    previous = os.environ.get(DEFER_REGISTRATION)
+    os.environ[DEFER_REGISTRATION] = "1"
+    try:
+        with ProcessPoolExecutor(num_proc, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(prepare_unit, recipe.to_dict(), str(output), unit) for unit in pending]
+            for future in as_completed(futures):
+                future.result()
+                progress(1)
+    finally:
+        if previous is None:
+            del os.environ[DEFER_REGISTRATION]
+        else:
+            os.environ[DEFER_REGISTRATION] = previous
 
 
 def _save_tokenizer(tokenizer, output: Path) -> None:

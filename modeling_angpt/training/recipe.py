@@ -70,11 +70,13 @@ class Recipe:
     dataset_config: str | None = _key(None, "Hub configuration name")
     dataset_split: str = _key("train", "Hub split to read")
     text_column: str = _key("text", "column holding the text (JSON/CSV/parquet/Hub)")
-    streaming: bool = _key(False, "stream (Hub-scale corpora): tokenise and pack on the fly")
+    streaming: bool = _key(False, "stream a corpus read once: each process reads its part and tokenises it on the "
+                                  "fly (for repeated runs, prepare it once: angpt prepare)")
     max_corpus_chars: int | None = _key(None, "use only the first N characters (quick runs, tests)")
     block_size: int = _key(256, "tokens per training sequence (<= the model's max_position_embeddings)")
-    validation_fraction: float = _key(0.05, "share of the blocks held out for validation")
-    validation_blocks: int = _key(64, "streaming only: the first N blocks of the stream are held out")
+    validation_fraction: float = _key(0.05, "share held out for validation: of the blocks of a corpus tokenised at "
+                                            "start, of the documents of a stream or a prepared corpus")
+    validation_blocks: int = _key(64, "streaming only: validation is the first N blocks of the held-out documents")
     data_seed: int = _key(1234, "fixes the train/validation split independently of `seed`")
     tokenizer: str | None = _key(None, "HF tokenizer name/path; None trains a byte-level BPE")
     tokenizer_vocab_size: int = _key(8192, "vocabulary of the trained BPE (tokenizer: None)")
@@ -141,10 +143,6 @@ class Recipe:
             raise ValueError(f"recipe key learning_rate={self.learning_rate!r} must be > 0")
         if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"recipe key warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
-        if self.streaming and self.dataloader_num_workers > 1:
-            # each DataLoader worker would iterate the whole stream: every block would be seen N times
-            raise ValueError(f"recipe key dataloader_num_workers={self.dataloader_num_workers} must be 0 or 1 "
-                             "with streaming: true")
         if self.tokenizer_split_digits and self.tokenizer:
             raise ValueError("recipe key tokenizer_split_digits applies to the BPE trained on the corpus; "
                              f"tokenizer={self.tokenizer!r} is used as it is (drop one of the two)")

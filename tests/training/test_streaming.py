@@ -1,0 +1,63 @@
+"""`streaming: true`: each process reads its own part of the stream, DataLoader workers tokenise, and a resume
+restores the stream's saved position (the same batches as an uninterrupted run)."""
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
+
+from modeling_angpt.training.recipe import load_recipe
+from modeling_angpt.training.shards import held_out
+
+STREAM = ["streaming=true", "validation_blocks=4", "eval_steps=6", "max_steps=12", "save_steps=6"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from modeling_angpt.training.data import shakespeare_files
+
+    directory = tmp_path_factory.mktemp("stream-corpus")
+    for index, path in enumerate(shakespeare_files()[:4]):   # four files: four source shards
+        (directory / f"part{index}.txt").write_text(path.read_text(errors="replace")[:30_000])
+    return directory
+
+
+def test_each_process_streams_its_own_documents_and_none_held_out(write_recipe, corpus):
+    from modeling_angpt.training.data import build_datasets, resolve_source
+
+    recipe = load_recipe(write_recipe(dataset=str(corpus)), STREAM)
+    source = resolve_source(recipe.dataset)
+    parts = []
+    for rank in (0, 1):
+        _, train, val, _ = build_datasets(recipe, source, _no_context, rank=rank, processes=2)
+        parts.append(Counter(row["text"] for row in train.ds if row["text"]))
+        assert len(val) == 4 and next(iter(train))["input_ids"].shape == (recipe.block_size,)
+    every = Counter(row["text"] for row in _whole_stream(recipe) if row["text"])
+    assert parts[0] + parts[1] == every and parts[0] and parts[1]         # every row read once, by one process
+    kept = [text for text in every if not held_out(text, recipe.data_seed, recipe.validation_fraction)]
+    assert 0 < len(kept) < len(every)            # PackedStream skips the held-out ones (validation's)
+
+
+def _no_context():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _whole_stream(recipe):
+    from modeling_angpt.training.data import load_texts, resolve_source
+
+    return load_texts(resolve_source(recipe.dataset), recipe, streaming=True)
+
+
+def test_a_stopped_stream_resumes_where_it_stood_with_workers_tokenising(write_recipe, corpus, tmp_path):
+    from modeling_angpt.training.loop import train
+
+    values = STREAM + ["dataloader_num_workers=2"]
+    whole = train(load_recipe(write_recipe(dataset=str(corpus), output_dir=str(tmp_path / "whole")), values))
+    recipe = write_recipe(dataset=str(corpus), output_dir=str(tmp_path / "parts"))
+    first = train(load_recipe(recipe, values), stop_after_steps=6)
+    assert (tmp_path / "parts" / "checkpoints" / "step_0000006" / "data_state_0.pt").is_file()
+    second = train(load_recipe(recipe, values), resume=True)
+    assert second.start_step == 6 and first.losses == whole.losses[:6]
+    assert second.losses == whole.losses and second.val_losses[-1] == whole.val_losses[-1]
