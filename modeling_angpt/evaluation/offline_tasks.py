@@ -137,7 +137,7 @@ def recipe_passages(corpus: Corpus) -> list[Passage]:
 
     recipe, source = _load_recipe(corpus)
     tokenizer, train, val, _ = build_datasets(recipe, source, contextlib.nullcontext)
-    if recipe.streaming:  # the first validation_blocks blocks of the stream: one run
+    if recipe.streaming or source.kind == "prepared":  # held-out documents, concatenated in corpus order: one run
         runs = [[int(t) for block in val for t in block["input_ids"]]]
     else:
         perm, n_val = split_permutation(len(train) + len(val), recipe.validation_fraction, recipe.data_seed)
