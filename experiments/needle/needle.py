@@ -74,7 +74,7 @@ def evaluate(cfg: dict, variant: str, seed: int, checkpoint: pathlib.Path) -> di
     options = EvalOptions(lengths=",".join(map(str, cfg["multiples"])), limit=cfg["examples"], seed=seed,
                           log_samples=True, train_length=cfg["length"])
     metrics = run_suite(model, tokenizer, checkpoint, options, out)
-    accuracy = {m: metrics[f"needle_x{m}"]["acc"] for m in cfg["multiples"]}
+    accuracy = {m: metrics[f"needle_x{m}"]["needles_found"] for m in cfg["multiples"]}
     cached.write_text(json.dumps({"examples": cfg["examples"], "acc": accuracy}))
     return accuracy
 

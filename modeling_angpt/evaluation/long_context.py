@@ -39,12 +39,19 @@ def read_metadata(checkpoint: Path) -> dict | None:
 
 
 def training_length(checkpoint: Path, explicit: int | None = None) -> int:
-    """The context length the checkpoint was trained at (recipe block_size), or `explicit` when given."""
+    """The context length the checkpoint was trained at (recipe block_size), or `explicit` when the checkpoint has
+    no metadata. An explicit value that contradicts the metadata is refused: held-out blocks of another size come
+    from another split of the corpus and would hold training text."""
+    metadata = read_metadata(checkpoint)
+    recorded = (metadata or {}).get("recipe", {}).get("block_size")
     if explicit is not None:
         if int(explicit) <= 0:
             raise ValueError(f"training length {explicit} must be a positive number of tokens")
+        if recorded is not None and int(explicit) != int(recorded):
+            raise ValueError(f"train_length={explicit} contradicts {checkpoint}/training_metadata.json (block_size "
+                             f"{recorded}); held-out text split at another length overlaps the training split: "
+                             "leave train_length out")
         return int(explicit)
-    metadata = read_metadata(checkpoint)
     if metadata is None or "block_size" not in metadata.get("recipe", {}):
         raise ValueError(f"{checkpoint} has no training_metadata.json with the recipe's block_size, so its training "
                          "length is unknown; pass it explicitly (train_length=N)")

@@ -16,16 +16,24 @@ target is `city1=n1;city2=n2;city3=n3` with the needles **in their order of appe
   haystack to exactly L), so examples come within a few tokens of L.
 - Every example is a pure function of (filler, tokenizer, L, seed, index): `NeedleGenerator.example`.
 
-Scoring (`score_answer`): the answer is the generated text up to its first newline. It must read
-`city=digits` pairs separated by `;` (spaces around the tokens and one trailing `;` are tolerated); anything
-else is malformed and scores 0: empty text, garbage, pairs not separated by `;`, more pairs than needles, or a
-city named twice. Otherwise each needle counts if some pair has its city (exact, case-sensitive) and its number:
-the score is the fraction of the needles found, in any order.
+- Filler units that contain "special magic" (a needle sentence's or the question's words) are dropped, so every
+  example has exactly its three needle sentences.
+- Depth needs room: below `independent_depth_length` (the filler at least as long as the needles, question and
+  answer together) most needles would sit at the filler's edges or next to each other; `check_room` warns there.
+
+Scoring (`score_answer`): the answer is the generated text up to its first newline. Its `city=digits` pairs are
+read from the start, separated by `;` (spaces around the tokens tolerated), as far as they go: whatever follows
+the last pair (a full stop, a trailing `;`, more text) is ignored. The answer scores 0 when it has no pair at its
+start (empty text, garbage, a sentence), more pairs than needles, or a city named twice. Otherwise each needle
+counts if some pair has its city (exact, case-sensitive) and its number: `score_answer` is the fraction of the
+needles found, in any order. `exact_match` compares the whole answer line with the target string after
+whitespace normalisation (runs of white space become one space, none at the ends).
 """
 from __future__ import annotations
 
 import random
 import re
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -44,11 +52,14 @@ MAX_UNIT_CHARS = 400
 MAX_NEW_TOKENS = 96  # generation budget for the answer line (the lm-eval task and evaluation/needle.py)
 
 _SENTENCE_END = re.compile(r"(?<=[.!?;:])\s+")
-_PAIR = re.compile(r"\s*([A-Za-z][A-Za-z .'-]*?)\s*=\s*(\d+)\s*")
+_PAIR = re.compile(r"\s*([A-Za-z][A-Za-z .'-]*?)\s*=\s*(\d+)")
+_SEPARATOR = re.compile(r"\s*;")
+_NEEDLE_LIKE = re.compile(r"special\s+magic", re.IGNORECASE)  # a needle sentence's (and the question's) words
 
 
 def filler_units(text: str) -> list[str]:
-    """Non-empty lines of `text` (stripped), long ones cut at sentence ends into pieces of <= MAX_UNIT_CHARS."""
+    """Non-empty lines of `text` (stripped), long ones cut at sentence ends into pieces of <= MAX_UNIT_CHARS; pieces
+    that read like a needle ("special magic") are dropped."""
     units = []
     for line in text.splitlines():
         line = line.strip()
@@ -65,7 +76,7 @@ def filler_units(text: str) -> list[str]:
                 units.append(piece[:MAX_UNIT_CHARS])
                 piece = piece[MAX_UNIT_CHARS:]
         units += [piece] if piece else []
-    return units
+    return [unit for unit in units if not _NEEDLE_LIKE.search(unit)]
 
 
 @dataclass(frozen=True)
@@ -107,12 +118,23 @@ def minimum_length(tokenizer) -> int:
     return needles + answer + _count(tokenizer, QUESTION)
 
 
+def independent_depth_length(tokenizer) -> int:
+    """The shortest length whose filler is at least as long as the needles, question and answer: shorter haystacks
+    have so few filler units that needles mostly share a boundary or sit at depth 0 or 1."""
+    return 2 * minimum_length(tokenizer)
+
+
 def check_room(tokenizer, length: int, what: str = "length") -> None:
-    """ValueError (one line) when `length` tokens may not hold three needles, the question and the answer."""
+    """ValueError (one line) when `length` tokens may not hold three needles, the question and the answer; a
+    warning when they leave too little filler for needles at independent depths."""
     minimum = minimum_length(tokenizer)
     if length < minimum:
         raise ValueError(f"needle examples take up to {minimum} tokens before any filler (three needles, the "
                          f"question and the answer); {what} {length} is too short")
+    if length < independent_depth_length(tokenizer):
+        warnings.warn(f"{what} {length} leaves at most {length - minimum} tokens of filler: needles will mostly sit "
+                      f"next to each other or at depth 0 or 1; lengths of at least {independent_depth_length(tokenizer)} "
+                      "tokens place them at independent depths", stacklevel=2)
 
 
 class NeedleGenerator:
@@ -196,23 +218,23 @@ def training_features(example: NeedleExample, tokenizer, length: int) -> dict:
     return {"input_ids": ids + [tokenizer.eos_token_id] * pad, "labels": [-100] * len(prompt) + answer + [-100] * pad}
 
 
-def parse_answer(text: str) -> list[tuple[str, str]] | None:
-    """The (city, number) pairs of an answer, or None when it is malformed (module docstring)."""
-    line = text.split("\n", 1)[0].strip()
-    pieces = line.split(";")
-    if len(pieces) > 1 and not pieces[-1].strip():
-        pieces = pieces[:-1]  # one trailing ';'
-    pairs = []
-    for piece in pieces:
-        match = _PAIR.fullmatch(piece)
+def parse_answer(text: str) -> list[tuple[str, str]]:
+    """The (city, number) pairs at the start of an answer's first line, as far as they go (module docstring)."""
+    line, pairs, position = text.split("\n", 1)[0], [], 0
+    while True:
+        match = _PAIR.match(line, position)
         if match is None:
-            return None
+            return pairs
         pairs.append((match.group(1), match.group(2)))
-    return pairs
+        separator = _SEPARATOR.match(line, match.end())
+        if separator is None:
+            return pairs
+        position = separator.end()
 
 
 def needle_hits(answer: str, cities, numbers) -> list[bool]:
-    """Whether `answer` finds each needle (city, number), in the needles' order; a malformed answer finds none."""
+    """Whether `answer` finds each needle (city, number), in the needles' order; an answer without pairs, with more
+    pairs than needles or with a city named twice finds none."""
     pairs = parse_answer(answer)
     if not pairs or len(pairs) > len(cities) or len({c for c, _ in pairs}) < len(pairs):
         return [False] * len(cities)
@@ -221,5 +243,10 @@ def needle_hits(answer: str, cities, numbers) -> list[bool]:
 
 
 def score_answer(answer: str, cities, numbers) -> float:
-    """Fraction of the needles (city, number) found in `answer`; malformed answers score 0."""
+    """Fraction of the needles (city, number) found in `answer`, in any order (module docstring)."""
     return sum(needle_hits(answer, cities, numbers)) / len(cities)
+
+
+def exact_match(answer: str, target: str) -> float:
+    """1.0 when the answer's first line is the target string, white space normalised; else 0.0."""
+    return float(" ".join(answer.split("\n", 1)[0].split()) == " ".join(target.split()))

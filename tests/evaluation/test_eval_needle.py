@@ -3,6 +3,7 @@ haystack, written apart from the generator), the fine-tuning recipe with its ans
 at 1×, 4× and 16× through the Python API and the lm-eval task."""
 import json
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ from evallong_fixtures import tiny_checkpoint  # noqa: F401 (fixture)
 from training_fixtures import data_cache, single_thread  # noqa: F401 (fixtures)
 
 from modeling_angpt.evaluation import EvalOptions, needle
-from modeling_angpt.tasks.needle import (QUESTION, NeedleGenerator, check_room, filler_from_blocks,
-                                                   minimum_length, score_answer, training_features)
+from modeling_angpt.tasks.needle import (QUESTION, NeedleGenerator, check_room, exact_match, filler_from_blocks,
+                                         independent_depth_length, minimum_length, score_answer, training_features)
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_LENGTH = 192  # three needles, question and answer take ~176 tokens of the tests' 512-token BPE
@@ -30,15 +31,27 @@ CITIES, NUMBERS = ("Oslo", "Lima", "Kyoto"), ("1234567", "7654321", "5550123")
     ("oslo=1234567", 0.0),                                                 # city case matters
     ("", 0.0), ("   ", 0.0), ("\nOslo=1234567", 0.0),                     # empty (the answer is the first line)
     ("the numbers are 1234567 and 7654321", 0.0),                          # garbage
-    ("Oslo=1234567 Lima=7654321 Kyoto=5550123", 0.0),                     # missing separators
-    ("Oslo=1234567Lima=7654321;Kyoto=5550123", 0.0),
+    ("Numbers: Oslo=1234567;Lima=7654321;Kyoto=5550123", 0.0),            # no pair at the start
+    ("Oslo=1234567;Lima=7654321;Kyoto=5550123.", 1.0),                    # trailing punctuation
+    ("Oslo=1234567;Lima=7654321;Kyoto=5550123. These are the numbers.", 1.0),  # text after the last pair
+    ("Oslo=1234567;Lima=7654321;Kyoto=5550124", 2 / 3),                   # one wrong digit
+    ("Oslo=1234567 Lima=7654321 Kyoto=5550123", 1 / 3),                   # pairs read up to the missing ';'
+    ("Oslo=1234567Lima=7654321;Kyoto=5550123", 1 / 3),
+    ("Oslo=1234567;;Kyoto=5550123", 1 / 3),                                # up to the empty pair
     ("Oslo:1234567;Lima:7654321;Kyoto:5550123", 0.0),                     # wrong pair syntax
     ("Oslo=1234567;Lima=7654321;Kyoto=5550123;Rome=1111111", 0.0),        # extra needle
     ("Oslo=1234567;Oslo=7654321;Kyoto=5550123", 0.0),                     # a city twice
-    ("Oslo=1234567;;Kyoto=5550123", 0.0),                                  # empty pair
 ])
 def test_scorer(answer, score):
     assert score_answer(answer, CITIES, NUMBERS) == pytest.approx(score)
+
+
+@pytest.mark.parametrize("answer,match", [
+    ("Oslo=1234567;Lima=7654321;Kyoto=5550123", 1.0), ("  Oslo=1234567;Lima=7654321;Kyoto=5550123 \nmore", 1.0),
+    ("Kyoto=5550123;Oslo=1234567;Lima=7654321", 0.0),                     # every needle found, not the target string
+    ("Oslo=1234567;Lima=7654321;Kyoto=5550123.", 0.0), ("Oslo=1234567; Lima=7654321;Kyoto=5550123", 0.0)])
+def test_exact_match_is_a_string_match(answer, match):
+    assert exact_match(answer, "Oslo=1234567;Lima=7654321;Kyoto=5550123") == match
 
 
 NEEDLE_RE = re.compile(r"^The special magic (\w+) number is (\d{7})\.$", re.MULTILINE)
@@ -86,6 +99,29 @@ def test_generator_places_three_needles_where_it_says(generator, length):
         assert len(tokens) == length
     depths = [d for e in gen.examples(length, 60, seed=1) for d in e.depths]
     assert 0.35 < sum(depths) / len(depths) < 0.65 and min(depths) < 0.15 and max(depths) > 0.85  # uniform-ish
+
+
+def test_needle_like_filler_lines_are_dropped(generator):
+    gen, tokenizer = generator
+    lines = gen.units[:400]
+    lures = ["The special magic Paris number is 1234567.", "What are the special magic numbers? Some say none.",
+             "And here the SPECIAL   MAGIC Oslo number is 7654321, they say."]
+    text = "\n".join(line for i, line in enumerate(lines) for line in ([line, lures[i % 3]] if i % 4 == 0 else [line]))
+    examples = NeedleGenerator(text, tokenizer).examples(4 * TRAIN_LENGTH, 20, seed=5)
+    for example in examples:
+        haystack = example.prompt[: -len(QUESTION)]
+        assert len(NEEDLE_RE.findall(haystack)) == 3 and len(re.findall("special magic", haystack, re.I)) == 3
+
+
+def test_short_lengths_warn_with_the_length_that_places_needles_independently(generator):
+    tokenizer = generator[1]
+    needed = independent_depth_length(tokenizer)
+    assert needed == 2 * minimum_length(tokenizer)
+    with pytest.warns(UserWarning, match=rf"length {TRAIN_LENGTH} leaves .* at least {needed} tokens"):
+        check_room(tokenizer, TRAIN_LENGTH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_room(tokenizer, needed)
 
 
 def test_generator_refuses_a_length_without_room_for_the_needles(generator):
@@ -139,20 +175,26 @@ def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkp
     metrics = needle.run_suite(model, tokenizer, final, options(), tmp_path / "out")
     assert list(metrics) == ["needle_x1", "needle_x4", "needle_x16"]
     assert [metrics[k]["tokens"] for k in metrics] == [TRAIN_LENGTH, 4 * TRAIN_LENGTH, 16 * TRAIN_LENGTH]
-    assert all(0.0 <= row["acc"] <= 1.0 and row["examples"] == 1 for row in metrics.values())
+    assert all(0.0 <= row["needles_found"] <= 1.0 and row["examples"] == 1 for row in metrics.values())
     saved = json.loads((tmp_path / "out" / "needle.json").read_text())
     sample = saved["samples"]["needle_x16"][0]
-    assert sample["tokens"] <= 16 * TRAIN_LENGTH and sample["acc"] == score_answer(
+    assert sample["tokens"] <= 16 * TRAIN_LENGTH and sample["needles_found"] == score_answer(
         sample["answer"], *zip(*(pair.split("=") for pair in sample["target"].split(";"))))
+    assert sample["exact_match"] == float(sample["answer"].strip() == sample["target"])
     assert "| 16× |" in (tmp_path / "out" / "needle.md").read_text()
 
 
 def test_suite_refuses_a_training_length_without_room_before_loading_the_model(tiny_checkpoint):  # noqa: F811
     directory = tiny_checkpoint(TRAIN_LENGTH)
     needle.preflight(directory, options())
-    with pytest.raises(ValueError, match=r"needle examples take up to \d+ tokens before any filler .*; "
-                                         r"--lengths 1: 1 × 64 = 64 is too short"):
+    needle.preflight(directory, options(train_length=TRAIN_LENGTH))
+    # another training length would re-split the corpus: held-out blocks of 64 overlap the training blocks of 192
+    with pytest.raises(ValueError, match=rf"train_length=64 contradicts .*training_metadata.json \(block_size "
+                                         rf"{TRAIN_LENGTH}\); held-out text split at another length overlaps"):
         needle.preflight(directory, options(train_length=64, lengths="1,4"))
+    from transformers import AutoTokenizer
+    with pytest.raises(ValueError, match=r"train_length=256 contradicts"):  # the lm-eval task's metadata alike
+        needle.needle_documents(directory, AutoTokenizer.from_pretrained(directory), 1, 2, 0, train_length=256)
 
 
 def test_needle_recipe_refuses_another_length_than_the_checkpoints(tiny_checkpoint, data_cache, tmp_path):  # noqa: F811
@@ -186,7 +228,9 @@ def test_lm_eval_task_gives_the_suites_answer(tiny_checkpoint):  # noqa: F811
     answers = [needle.generate_answer(model, tokenizer, d["prompt"]) for d in docs]
     assert [s["filtered_resps"][0] for s in samples] == answers
     expected = sum(score_answer(a, d["cities"], d["numbers"]) for a, d in zip(answers, docs)) / 2
-    assert out["results"]["angpt_needle_x4"]["acc,none"] == pytest.approx(expected)
+    assert out["results"]["angpt_needle_x4"]["needles_found,none"] == pytest.approx(expected)
+    exact = sum(a.strip() == d["target"] for a, d in zip(answers, docs)) / 2  # a string match, nothing else
+    assert out["results"]["angpt_needle_x4"]["exact_match,none"] == pytest.approx(exact)
 
 
 def test_front_door_runs_the_length_and_needle_suites_and_the_needle_task(tiny_checkpoint, tmp_path):  # noqa: F811
@@ -199,6 +243,6 @@ def test_front_door_runs_the_length_and_needle_suites_and_the_needle_task(tiny_c
                       output_path=str(tmp_path / "out"), bootstrap_iters=0, write=True)
     results = report["results"]
     assert {"length_x1", "length_x2", "needle_x1", "needle_x2", "angpt_needle_x1"} <= set(results)
-    assert 0.0 <= results["angpt_needle_x1"]["acc"] <= 1.0
+    assert 0.0 <= results["angpt_needle_x1"]["needles_found"] <= 1.0
     assert results["length_x2"]["loss"] > 0
     assert {"results.json", "results.md", "length.png", "needle.json"} <= {p.name for p in (tmp_path / "out").iterdir()}
