@@ -7,6 +7,7 @@ With accelerate's seedable sampler every process draws the same permutation of t
 the seed and the epoch) and cuts it into per-process batches; process r takes batches r, r + 2, r + 4, ... of
 them (BatchSamplerShard), so at step k machine 0 holds positions 8k..8k+3 and machine 1 positions 8k+4..8k+7 of
 the permutation: the one process's batch k of 8. The losses then differ only by the order of float32 sums.
+A prepared directory (slow) splits each global batch the same way (batch_order.BlockOrder).
 A run stopped after its checkpoint and resumed gives the uninterrupted two-machine run's losses and weights,
 bit for bit (slow: two more launches of two machines)."""
 import json
@@ -68,12 +69,31 @@ def _check_one_model(reports: list[dict]) -> None:
     assert reports[0]["losses"] == reports[1]["losses"]
 
 
-@pytest.fixture(scope="module")
-def two_machine_run(tmp_path_factory, data_cache):
+def _prepared_corpus(work: Path, data_cache: Path) -> Path:
+    """A small text corpus tokenised by `angpt prepare` into token shards (the path for corpora at scale)."""
+    from modeling_angpt.training.data import shakespeare_files
+    from modeling_angpt.training.prepare import prepare
+    from modeling_angpt.training.recipe import load_recipe
+
+    corpus = work / "corpus"
+    corpus.mkdir()
+    for index, path in enumerate(shakespeare_files()[:4]):
+        (corpus / f"part{index}.txt").write_text(path.read_text(errors="replace")[:40_000])
+    recipe = work / "prepare.yaml"
+    recipe.write_text(yaml.safe_dump({**TINY, "dataset": str(corpus), "data_cache_dir": str(data_cache)}))
+    prepare(load_recipe(recipe), work / "prepared", unit_mb=0.05)
+    return work / "prepared"
+
+
+# Blocks packed in memory at start (accelerate's seedable sampler shards them) and, in the slow suite, a prepared
+# directory (each process computes its own slice of every global batch from the seed and the step).
+@pytest.fixture(scope="module", params=["blocks", pytest.param("prepared", marks=pytest.mark.slow)])
+def two_machine_run(request, tmp_path_factory, data_cache):
     """The uninterrupted two-machine run (6 steps, checkpoint at 3), shared by this module's tests."""
-    work = tmp_path_factory.mktemp("multi-machine")
+    work = tmp_path_factory.mktemp(f"multi-machine-{request.param}")
+    data = {"dataset": str(_prepared_corpus(work, data_cache))} if request.param == "prepared" else {}
     recipe = work / "recipe.yaml"
-    recipe.write_text(yaml.safe_dump({**TINY, **STEPS, "data_cache_dir": str(data_cache),
+    recipe.write_text(yaml.safe_dump({**TINY, **STEPS, **data, "data_cache_dir": str(data_cache),
                                       "output_dir": str(work / "unused")}))
     reports = _two_machines("full", recipe, work / "full", work)
     return work, recipe, reports
