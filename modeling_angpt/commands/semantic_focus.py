@@ -127,5 +127,6 @@ def run(args: argparse.Namespace) -> int:
     stopped = " (stopped at --time-limit; --resume continues it)" if summary["stopped_at_deadline"] else ""
     print(f"{args.task}: {summary['epochs_run']} epochs{stopped}, epochs to 95 % train accuracy: "
           f"{summary['epochs_to_95'] or 'not reached'}; final train acc {final['train_acc']:.3f}, held-out acc "
-          f"{final['heldout_acc']:.3f}; results in {out}")
+          f"{final['heldout_acc']:.3f} (baselines: majority class {summary['baselines']['majority_class']['heldout_acc']:.3f}"
+          f", one position {summary['baselines']['one_position']['heldout_acc']:.3f}); results in {out}")
     return 0

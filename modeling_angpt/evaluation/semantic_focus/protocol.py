@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ...training.run_lock import holding_output_dir
+from .baselines import trivial_baselines
 from .tasks import build_splits, get_task
 from .tokenizer import build_tokenizer
 
@@ -275,6 +276,9 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
 
     splits = build_splits(task, seed=seed, n_train=n_train, n_heldout=n_heldout, **(task_kwargs or {}))
     tokenizer = build_tokenizer(task)
+    baselines = trivial_baselines(*(zip(splits[name]["input_ids"], splits[name]["label"]) for name in ("train", "heldout")))
+    log(f"[{task}] held-out baselines: majority class {baselines['majority_class']['heldout_acc']:.3f}, one position "
+        f"({baselines['one_position']['position']}) {baselines['one_position']['heldout_acc']:.3f}")
     longest = max([len(row) for name in ("train", "heldout") for row in splits[name]["input_ids"]], default=1)
     width = paper_width(longest, model_kwargs) if paper else None
     train_data, heldout_data = (as_tensors(splits[name], tokenizer.pad_token_id, width)
@@ -364,7 +368,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     summary = dict(task=task, backbone=backbone, seed=seed, attention_sparsity=config.attention_sparsity,
                    architecture=config.architecture, epochs_run=len(history), epochs_budget=epochs,
                    epochs_to_95=epochs_to(history), final=history[-1] if history else None,
-                   best_heldout_acc=max((r["heldout_acc"] for r in history), default=None),
+                   best_heldout_acc=max((r["heldout_acc"] for r in history), default=None), baselines=baselines,
                    stopped_at_deadline=stopped_at_deadline, history=history)
     if out is not None:
         if writer is not None:
