@@ -34,6 +34,16 @@ def silu_second_moment(std: float) -> float:
     return float(torch.trapezoid(torch.nn.functional.silu(z) ** 2 * density, z))
 
 
+PAPER_ALPHA_INIT = 0.05  # the nGPT and anGPT papers' initial LERP weight
+# anGPT has no exact norm on the residual stream: each MLP sublayer maps ‖h‖ = x to about (1 − α)x + α·c·x², an
+# unstable fixed point at 1 whose perturbation compounds over the depth, so the initial α·L decides whether the first
+# Adam steps blow up. ALPHA_DEPTH_LIMIT is the largest α·L at which every one of ten seeds of a 24-layer anGPT
+# (d = 256, the demo recipe's defaults) trained its first 40 steps with every loss finite and none above 1.5x the
+# first (experiments/deep_alpha/README.md); training warns above it (AnGPT.alpha_depth_warning).
+ALPHA_DEPTH_LIMIT = 0.4
+DEEP_ALPHA_TIMES_DEPTH = 0.12  # α·L of the presets from 12 layers, and of anGPT's default beyond the paper's α
+
+
 class Architecture:
     """Defaults shared by all three; subclasses override what differs."""
 
@@ -48,6 +58,19 @@ class Architecture:
     def default_logit_scale_speed(self, config) -> float:
         """config.logit_scale_speed when the config leaves it None: √d, nGPT's (docs/architectures.md, section `ngpt`)."""
         return config.hidden_size**0.5
+
+    def default_alpha_init(self, config) -> float:
+        """config.alpha_init when the config leaves it None: the papers' 0.05 (nGPT renormalises its stream exactly
+        after every update, so its depth does not compound a drift of ‖h‖)."""
+        return PAPER_ALPHA_INIT
+
+    def alpha_depth_warning(self, config) -> str | None:
+        """One line when a fresh model's α init is too large for its depth; None when there is nothing to say."""
+        return None
+
+    def blow_up_knobs(self, config) -> list[str]:
+        """What a message on a blown-up run names besides the learning rate (training/loop.py)."""
+        return []
 
     # --- modules ---------------------------------------------------------------------------------
     def branch_norm(self, config) -> nn.Module:
@@ -232,6 +255,30 @@ class AnGPT(Architecture):
         # The logit temperature the data asks for (a few nats) does not depend on the width, so neither does s_z's
         # speed; 256 was measured against √d and d at d = 256, 512 and 1024 (experiments/width_depth_stability).
         return 256.0
+
+    def default_alpha_init(self, config) -> float:
+        """The papers' 0.05 while α·L stays within ALPHA_DEPTH_LIMIT, else 0.12/L, the presets' rule for deep models
+        (docs/architectures.md, "Deep models start with a smaller α")."""
+        layers = config.num_hidden_layers
+        return PAPER_ALPHA_INIT if PAPER_ALPHA_INIT * layers <= ALPHA_DEPTH_LIMIT + 1e-9 else DEEP_ALPHA_TIMES_DEPTH / layers
+
+    def alpha_depth_warning(self, config) -> str | None:
+        layers = config.num_hidden_layers
+        product = config.alpha_init * layers
+        if product <= ALPHA_DEPTH_LIMIT + 1e-9:
+            return None
+        # Four digits, rounded down: a product just over the limit (0.0167 x 24 = 0.4008) must not read "0.4 > 0.4",
+        # and the largest value offered must itself pass this check.
+        largest = math.floor(ALPHA_DEPTH_LIMIT / layers * 1e4) / 1e4
+        return (f"anGPT with alpha_init={config.alpha_init:g} and {layers} layers: alpha_init x layers = {product:.4g} "
+                f"is above {ALPHA_DEPTH_LIMIT:g}, the largest value at which every seed of a 24-layer anGPT trained "
+                f"cleanly (experiments/deep_alpha), and such runs tend to blow up in their first steps; use "
+                f"alpha_init={self.default_alpha_init(config):.4g} (the default at this depth; leave alpha_init unset "
+                f"to get it) or at most {largest:g}")
+
+    def blow_up_knobs(self, config) -> list[str]:
+        return [f"alpha_init x layers = {config.alpha_init * config.num_hidden_layers:.4g} "
+                f"(limit {ALPHA_DEPTH_LIMIT:g})"]
 
     def residual(self, config):
         size = config.hidden_size if config.alpha_shape == "vector" else 1

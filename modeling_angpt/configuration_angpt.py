@@ -58,9 +58,11 @@ class AnGPTConfig(PreTrainedConfig):
             constants are derived from it (architectures_angpt.AnGPT.constants).
         qk_norm: GPT+ only; per-head RMSNorm with gain on q and k (off = Llama).
         alpha_shape: `"vector"` (one α per hidden dimension) or `"scalar"` (one per sublayer) [flag].
-        alpha_init: initial LERP weight α for nGPT/anGPT (0.05; the anGPT paper also mentions 0.01) [flag]. Deep
-            anGPT models need less: the presets from 12 layers use 0.12 / layers, and training warns above
-            alpha_init × layers = 0.4 (docs/architectures.md, "Three departures").
+        alpha_init: initial LERP weight α for nGPT/anGPT [flag]. `None` picks the architecture's: the papers' 0.05
+            (the anGPT paper also mentions 0.01), except for anGPT deeper than alpha_init × layers = 0.4 allows,
+            which starts at 0.12 / layers, as the presets from 12 layers do; training warns when a fresh anGPT
+            exceeds that limit (architectures_angpt.ALPHA_DEPTH_LIMIT; docs/architectures.md, "Deep models start
+            with a smaller α"). A value given, or stored in a checkpoint, is used as it is.
         alpha_abs: use |α| as the NVIDIA nGPT code does, instead of α with its sign [flag].
         alpha_nu: anGPT only; multiply each LERP residual by ν(α) (docs/architectures.md). False is the paper's
             ablation.
@@ -105,7 +107,7 @@ class AnGPTConfig(PreTrainedConfig):
     rms_norm_eps: float = 1e-6
     qk_norm: bool = True
     alpha_shape: str = "vector"
-    alpha_init: float = 0.05
+    alpha_init: float | None = None
     alpha_abs: bool = False
     alpha_nu: bool = True
     gate_sqrt_d: str = "gate"
@@ -166,6 +168,8 @@ class AnGPTConfig(PreTrainedConfig):
                     f"num_attention_heads={self.num_attention_heads} (or set head_dim)")
             self.head_dim = self.hidden_size // self.num_attention_heads
         _check_positive("head_dim", self.head_dim)
+        if self.alpha_init is None:
+            self.alpha_init = ARCHITECTURES[self.architecture].default_alpha_init(self)
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         _check_positive("num_key_value_heads", self.num_key_value_heads)

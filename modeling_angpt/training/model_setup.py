@@ -4,7 +4,6 @@ config JSON path, with the recipe's architecture and model_kwargs applied; or a 
 from __future__ import annotations
 
 import json
-import math
 import sys
 import warnings
 from pathlib import Path
@@ -12,16 +11,12 @@ from pathlib import Path
 import torch
 
 from .. import register_auto_classes
+from ..architectures_angpt import ARCHITECTURES
 from ..tokenization import set_pad_token_id
 from .distributed import apply_weight_constraints
 from .recipe import architecture_defaults_for
 
 REPO_PRESETS = Path(__file__).resolve().parents[2] / "configuration" / "presets"
-# anGPT has no exact norm on the residual stream: each MLP sublayer maps ‖h‖ = x to about (1 − α)x + α·c·x², an
-# unstable fixed point at 1 whose perturbation compounds over the depth, so the initial α·L decides whether the
-# first Adam steps blow up. Measured (experiments/width_depth_stability/README.md, depth): α·L ≤ 0.4 held at every
-# width and depth tried; 0.6 blew up angpt-190m and 24 layers at d = 256 at step 2–3, 1.2 overflowed.
-ALPHA_DEPTH_LIMIT = 0.4
 
 
 def preset_path(name: str) -> Path:
@@ -71,18 +66,25 @@ def build_config(recipe):
 
 
 def alpha_depth_warning(config) -> str | None:
-    """A one-line warning when a fresh anGPT's α init is too large for its depth (see ALPHA_DEPTH_LIMIT)."""
-    if getattr(config, "architecture", None) != "angpt":
+    """A one-line warning when a fresh model's α init is too large for its depth (the architecture's rule:
+    architectures_angpt.ALPHA_DEPTH_LIMIT for anGPT); None for configs that are not this library's."""
+    if getattr(config, "model_type", None) != "angpt":
         return None
-    product = config.alpha_init * config.num_hidden_layers
-    if product <= ALPHA_DEPTH_LIMIT + 1e-9:
-        return None
-    # Four digits, rounded down: a product just over the limit (0.0167 x 24 = 0.4008) must not read "0.4 > 0.4",
-    # and the suggested value must itself pass this check.
-    largest = math.floor(ALPHA_DEPTH_LIMIT / config.num_hidden_layers * 1e4) / 1e4
-    return (f"anGPT with alpha_init={config.alpha_init:g} and {config.num_hidden_layers} layers (alpha_init x layers "
-            f"= {product:.4g} > {ALPHA_DEPTH_LIMIT}) tends to blow up in its first steps; set model_kwargs.alpha_init "
-            f"<= {largest:g} (the presets from 12 layers use 0.12/layers; docs/architectures.md)")
+    return ARCHITECTURES[config.architecture].alpha_depth_warning(config)
+
+
+def blow_up_knobs(model, optimizer) -> str:
+    """The knobs a run that blew up should turn, for its stop message: the architecture's (anGPT: α init × layers)
+    and the matrices' learning rate at this step (after the schedule and the width rule)."""
+    config = getattr(model, "config", None)
+    knobs = list(ARCHITECTURES[config.architecture].blow_up_knobs(config)
+                 if getattr(config, "model_type", None) == "angpt" else [])
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    matrix_lrs = {group["lr"] for group in optimizer.param_groups  # the groups training/optim.py built
+                  if any(p.ndim >= 2 and id(p) not in embeddings for p in group["params"])}
+    if matrix_lrs:
+        knobs.append(f"matrices' learning rate {'/'.join(f'{lr:.4g}' for lr in sorted(matrix_lrs))}")
+    return ", ".join(knobs)
 
 
 def build_model(recipe, config, tokenizer):

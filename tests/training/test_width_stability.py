@@ -109,7 +109,8 @@ def test_deep_angpt_blows_up_with_the_default_alpha_and_trains_with_the_presets_
 
 
 def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
-    from modeling_angpt.training.model_setup import ALPHA_DEPTH_LIMIT, REPO_PRESETS, alpha_depth_warning
+    from modeling_angpt.architectures_angpt import ALPHA_DEPTH_LIMIT
+    from modeling_angpt.training.model_setup import REPO_PRESETS, alpha_depth_warning
 
     presets = sorted(REPO_PRESETS.glob("angpt-*.json"))
     assert len(presets) >= 6, presets
@@ -118,26 +119,70 @@ def test_every_angpt_preset_keeps_alpha_times_depth_within_the_measured_limit():
         config = AnGPTConfig(**{k: v for k, v in values.items() if k != "model_type"})
         assert config.alpha_init * config.num_hidden_layers <= ALPHA_DEPTH_LIMIT + 1e-9, path.name
         assert alpha_depth_warning(config) is None, path.name
-    deep = AnGPTConfig(architecture="angpt", num_hidden_layers=24)  # the config's default α init 0.05
-    assert "alpha_init" in alpha_depth_warning(deep) and "24 layers" in alpha_depth_warning(deep)
-    just_over = AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=0.0167)  # 0.4008
-    message = alpha_depth_warning(just_over)
-    assert "0.4008 > 0.4" in message, message
-    suggested = float(re.search(r"alpha_init <= ([0-9.]+)", message).group(1))
-    assert suggested < 0.0167
-    assert alpha_depth_warning(AnGPTConfig(architecture="angpt", num_hidden_layers=24, alpha_init=suggested)) is None
-    assert alpha_depth_warning(AnGPTConfig(architecture="ngpt", num_hidden_layers=24)) is None  # exact norms
 
 
-def test_training_warns_before_building_a_deep_angpt_with_specs_alpha():
+@pytest.mark.parametrize("layers", [2, 8, 12, 24, 48])
+def test_the_depth_warning_fires_above_the_sweeps_limit_and_not_at_it(layers):
+    """The limit is the seed sweep's (experiments/deep_alpha); the warning names it, the value given and the value
+    to use, and the value it offers passes the check."""
+    from modeling_angpt.architectures_angpt import ALPHA_DEPTH_LIMIT
+    from modeling_angpt.training.model_setup import alpha_depth_warning
+
+    config = lambda alpha: AnGPTConfig(architecture="angpt", num_hidden_layers=layers, alpha_init=alpha)  # noqa: E731
+    assert alpha_depth_warning(config(ALPHA_DEPTH_LIMIT / layers)) is None  # at the limit
+    assert alpha_depth_warning(config(0.5 * ALPHA_DEPTH_LIMIT / layers)) is None
+    assert alpha_depth_warning(AnGPTConfig(architecture="angpt", num_hidden_layers=layers)) is None  # the default
+    for alpha in (1.001 * ALPHA_DEPTH_LIMIT / layers, 2 * ALPHA_DEPTH_LIMIT / layers, 0.05 * 24 / layers):
+        message = alpha_depth_warning(config(alpha))
+        assert message is not None and "\n" not in message, alpha
+        assert f"alpha_init={alpha:g} and {layers} layers" in message
+        assert f"alpha_init x layers = {alpha * layers:.4g} is above {ALPHA_DEPTH_LIMIT:g}" in message
+        assert f"{alpha * layers:.4g}" != f"{ALPHA_DEPTH_LIMIT:g}", message  # never "0.4 is above 0.4"
+        use = float(re.search(r"use alpha_init=([0-9.e-]+)", message).group(1))
+        largest = float(re.search(r"at most ([0-9.e-]+)", message).group(1))
+        assert use == pytest.approx(AnGPTConfig(architecture="angpt", num_hidden_layers=layers).alpha_init, rel=1e-3)
+        for offered in (use, largest):
+            assert alpha_depth_warning(config(offered)) is None, offered
+    assert alpha_depth_warning(AnGPTConfig(architecture="ngpt", num_hidden_layers=layers, alpha_init=1.0)) is None
+
+
+def test_training_warns_before_building_a_deep_angpt_with_the_papers_alpha():
     import warnings
 
     from modeling_angpt.training.model_setup import build_config
 
-    deep = Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24})
-    with pytest.warns(UserWarning, match=r"alpha_init=0.05 and 24 layers .*model_kwargs.alpha_init <= 0.0166"):
-        build_config(deep)
+    with pytest.warns(UserWarning, match=r"alpha_init=0.05 and 24 layers: alpha_init x layers = 1.2 is above .* use "
+                                         r"alpha_init=0.005 "):
+        build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24, "alpha_init": 0.05}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24}))  # the depth rule's α
         build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24, "alpha_init": 0.005}))
         build_config(Recipe(model="angpt-tiny", architecture="ngpt", model_kwargs={"num_hidden_layers": 24}))
+
+
+def test_the_stop_message_on_a_blow_up_names_the_step_alpha_times_depth_and_the_matrices_rate(tmp_path):
+    """A run that blows up anyway stops with one line naming the knobs: α init × layers against the limit, and the
+    matrices' learning rate at that step (the recipe's 0.004 through the width rule: 0.002 at d = 256)."""
+    from types import SimpleNamespace
+
+    from modeling_angpt.architectures_angpt import ALPHA_DEPTH_LIMIT
+    from modeling_angpt.training.loop import NonFiniteLossError, _check_finite
+
+    config = AnGPTConfig(architecture="angpt", vocab_size=64, hidden_size=256, num_attention_heads=4,
+                         num_hidden_layers=3, alpha_init=0.4)
+    model = AnGPTForCausalLM(config)
+    recipe = Recipe(learning_rate=LR).with_architecture_defaults(architecture_defaults(model))
+    run = SimpleNamespace(raw_model=model, optimizer=build_optimizer(model, recipe))
+    _check_finite("training loss", 3.2, 7, tmp_path, run)  # finite: nothing to say
+    with pytest.raises(NonFiniteLossError) as info:
+        _check_finite("training loss", float("nan"), 7, tmp_path, run)
+    message = info.value.args[0]
+    assert info.value.step == 7 and "\n" not in message
+    assert message.startswith(f"non-finite training loss (nan) at step 7 with alpha_init x layers = 1.2 "
+                              f"(limit {ALPHA_DEPTH_LIMIT:g}), matrices' learning rate 0.002; stopped"), message
+    gptplus = AnGPTForCausalLM(AnGPTConfig(architecture="gptplus", vocab_size=64, hidden_size=64,
+                                           num_attention_heads=2, num_hidden_layers=1))
+    run = SimpleNamespace(raw_model=gptplus, optimizer=build_optimizer(gptplus, recipe))
+    with pytest.raises(NonFiniteLossError, match=r"at step 2 with matrices' learning rate 0.004; stopped"):
+        _check_finite("gradient norm", float("inf"), 2, tmp_path, run)
