@@ -32,7 +32,8 @@ from .launch import (_has_accelerator_device, accelerator_device_kwargs, check_l
 from .distributed import enable_cpu_fsdp
 from .metrics import (MetricsLogger, cpu_lacks_native_bf16, device_peak_flops, plot_loss_curve,
                       training_flops_per_token)
-from .model_setup import apply_constraints, architecture_defaults, build_config, build_model, compile_blocks
+from .model_setup import (apply_constraints, architecture_defaults, blow_up_knobs, build_config, build_model,
+                          compile_blocks)
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe
 
@@ -115,11 +116,13 @@ def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
     return float(total / max(count, 1))
 
 
-def _check_finite(what: str, value: float, step: int, output_dir: Path) -> None:
+def _check_finite(what: str, value: float, step: int, output_dir: Path, run: "_Run | None" = None) -> None:
     if not math.isfinite(value):
         last = ckpt.latest_checkpoint(output_dir)
+        knobs = blow_up_knobs(run.raw_model, run.optimizer) if run is not None else ""  # what to turn
         raise NonFiniteLossError(
-            f"non-finite {what} ({value}) at step {step}; stopped without saving. Last good checkpoint: "
+            f"non-finite {what} ({value}) at step {step}{' with ' + knobs if knobs else ''}; stopped without saving. "
+            "Last good checkpoint: "
             f"{last if last else 'none (no checkpoint was saved yet)'}", step)
 
 
@@ -198,9 +201,9 @@ def _optimizer_step(run: _Run, step: int) -> tuple[float, float, float]:
     recipe, acc = run.recipe, run.accelerator
     micro = [next(run.stream) for _ in range(recipe.gradient_accumulation_steps)]
     loss = float(accumulate_gradients(acc, run.model, micro, recipe))
-    _check_finite("training loss", loss, step, Path(recipe.output_dir))  # before the step: no bad update
+    _check_finite("training loss", loss, step, Path(recipe.output_dir), run)  # before the step: no bad update
     grad_norm = float(acc.clip_grad_norm_(run.model.parameters(), recipe.max_grad_norm))
-    _check_finite("gradient norm", grad_norm, step, Path(recipe.output_dir))
+    _check_finite("gradient norm", grad_norm, step, Path(recipe.output_dir), run)
     lr = run.scheduler.get_last_lr()[0]
     run.optimizer.step()
     apply_constraints(run.raw_model)  # after the accelerate-wrapped step, on every rank

@@ -1,5 +1,6 @@
 """End-to-end CPU training on real text (the default Shakespeare corpus), float32, tiny models."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -61,8 +62,10 @@ def test_non_finite_loss_stops_with_the_step_and_keeps_the_last_checkpoint(write
                                           "save_steps=1", "eval_steps=0", "max_steps=20"])
     with pytest.raises(NonFiniteLossError, match=r"non-finite (training loss|gradient norm) \((nan|inf)\) at step (\d+)") as info:
         train(recipe)
-    step = int(info.value.args[0].split("at step ")[1].split(";")[0])
+    step = int(re.search(r"at step (\d+)", info.value.args[0]).group(1))
     assert info.value.step == step  # benchmarks read where a run diverged from the error, not its text
+    # the knob to turn: the matrices' rate at that step (GPT+ has no α)
+    assert re.search(r"at step \d+ with matrices' learning rate [0-9.]+e\+(29|30); stopped", info.value.args[0])
     last = tmp_path / "run" / "checkpoints" / f"step_{step - 1:07d}"
     assert str(last) in str(info.value) and (last / "model.safetensors").is_file()
     assert not (tmp_path / "run" / "final").exists()
