@@ -20,7 +20,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results_file import REPO, add_output_arguments, command_line, machine_line, update_section  # noqa: E402
+from results_file import (REPO, add_output_arguments, command_line, help_description, machine_line,  # noqa: E402
+                          update_section)
 
 FILE_MB = 5
 
@@ -142,7 +143,7 @@ def peak_rss_mb(recipe_path: Path, dataset: Path, output: Path, steps: int) -> f
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--corpus-mb", type=float, default=60.0, help="size of the large generated corpus (MB)")
     parser.add_argument("--work-dir", default="runs/bench_data_pipeline", help="corpora, prepared data and runs")
     parser.add_argument("--num-proc", type=int, default=2, help="prepare's worker processes for the large corpus")
