@@ -66,6 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--activation", default="relu", choices=("relu", "gelu", "mish"), help="paper backbone's MLP")
     parser.add_argument("--listops-min-length", type=int, default=501, help="ListOps: shortest sequence (default 501)")
     parser.add_argument("--listops-max-length", type=int, default=599, help="ListOps: longest sequence (default 599)")
+    parser.add_argument("--length-generalisation", action="store_true",
+                        help="NNCH's split: train on lengths 1-40, evaluate on lengths 41-500 (not ListOps)")
     parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
@@ -101,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     task_kwargs = ({"min_length": args.listops_min_length, "max_length": args.listops_max_length}
                    if args.task == "listops" else {})
+    if args.length_generalisation:
+        if args.task == "listops":
+            print("angpt semantic-focus: error: --length-generalisation is NNCH's split; ListOps sets its lengths with "
+                  "--listops-min-length and --listops-max-length", file=sys.stderr)
+            return 2
+        task_kwargs["length_generalisation"] = True
     model_kwargs = dict(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_heads=args.num_heads, dropout=args.dropout,
         attention_sparsity=args.attention_sparsity, attention_topk=args.attention_topk,
@@ -123,10 +131,12 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError, FloatingPointError) as error:
         print(f"angpt semantic-focus: error: {error}", file=sys.stderr)
         return 2
-    final = summary["final"]
+    final, baselines = summary["final"], summary["baselines"]
     stopped = " (stopped at --time-limit; --resume continues it)" if summary["stopped_at_deadline"] else ""
+    accuracy = ("no epoch trained" if final is None else f"final train acc {final['train_acc']:.3f}, held-out acc "
+                f"{final['heldout_acc']:.3f}")
     print(f"{args.task}: {summary['epochs_run']} epochs{stopped}, epochs to 95 % train accuracy: "
-          f"{summary['epochs_to_95'] or 'not reached'}; final train acc {final['train_acc']:.3f}, held-out acc "
-          f"{final['heldout_acc']:.3f} (baselines: majority class {summary['baselines']['majority_class']['heldout_acc']:.3f}"
-          f", one position {summary['baselines']['one_position']['heldout_acc']:.3f}); results in {out}")
+          f"{summary['epochs_to_95'] or 'not reached'}; {accuracy} (held-out baselines: majority class "
+          f"{baselines['majority_class']['heldout_acc']:.3f}, one position {baselines['one_position']['heldout_acc']:.3f})"
+          f"; results in {out}")
     return 0

@@ -178,3 +178,34 @@ def test_command_runs_the_protocol_end_to_end_and_refuses_to_overwrite(tmp_path,
     assert err.count("\n") == 0 and "already holds results" in err and str(out) in err
 
 
+
+
+@pytest.mark.parametrize("task", [name for name in TASKS if name != "listops"])
+def test_length_generalisation_split_trains_up_to_40_and_holds_out_41_to_500(task):
+    splits = build_splits(task, seed=3, n_train=300, n_heldout=40, length_generalisation=True)
+    train = [len(text.split()) for text in splits["train"]["text"]]
+    heldout = [len(text.split()) for text in splits["heldout"]["text"]]
+    assert max(train) <= 40 < 41 <= min(heldout) and max(heldout) <= 500
+    assert min(train) <= 10 and max(train) >= 35 and max(heldout) - min(heldout) > 200  # lengths spread out
+    assert all(n % 2 == 0 for n in train + heldout) or task != "missing_duplicates"
+    checker = CHECKERS[task]  # the labels still follow the task's definition at every length
+    assert all(checker(text.split()) == label for text, label in zip(splits["heldout"]["text"],
+                                                                      splits["heldout"]["label"]))
+    with pytest.raises(ValueError, match="ListOps has its own lengths"):
+        build_splits("listops", n_train=5, n_heldout=5, length_generalisation=True)
+
+
+def test_command_offers_the_length_generalisation_split(tmp_path, capsys):
+    from modeling_angpt.cli import main
+
+    out = tmp_path / "lg"
+    assert main(["semantic-focus", "--task", "parity", "--length-generalisation", "--epochs", "1", "--n-train", "30",
+                 "--n-heldout", "10", "--num-layers", "1", "--no-tensorboard", "--output-dir", str(out)]) == 0
+    assert json.loads((out / "run.json").read_text())["task_kwargs"] == {"length_generalisation": True}
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["baselines"]) == {"majority_class", "one_position"}
+    assert "held-out baselines: majority class" in capsys.readouterr().out
+    assert main(["semantic-focus", "--task", "listops", "--length-generalisation", "--output-dir",
+                 str(tmp_path / "no")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--length-generalisation is NNCH's split" in err

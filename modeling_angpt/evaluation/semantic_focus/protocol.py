@@ -280,6 +280,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
     log(f"[{task}] held-out baselines: majority class {baselines['majority_class']['heldout_acc']:.3f}, one position "
         f"({baselines['one_position']['position']}) {baselines['one_position']['heldout_acc']:.3f}")
     longest = max([len(row) for name in ("train", "heldout") for row in splits[name]["input_ids"]], default=1)
+    tokenizer.model_max_length = max(tokenizer.model_max_length, longest)  # length generalisation: up to 500
     width = paper_width(longest, model_kwargs) if paper else None
     train_data, heldout_data = (as_tensors(splits[name], tokenizer.pad_token_id, width)
                                 for name in ("train", "heldout"))

@@ -31,6 +31,17 @@ upstream generators (recorded per task below):
 Splits: one seeded pool of distinct sequences, the first `n_train` for training and the next `n_heldout`
 held out, so the splits are disjoint and identical for a seed on every machine (`random.Random` seeded with a
 string, which does not depend on PYTHONHASHSEED).
+
+Length generalisation (`build_splits(..., length_generalisation=True)`, NNCH's own protocol): training sequences
+have lengths uniform in 1–40 and held-out ones lengths uniform in 41–500, each length drawn per sequence (from the
+shortest length a task can form: 2 for stack_manipulation, 3 for solve_equation; even lengths only for
+missing_duplicates, whose input is a string written twice). ListOps has no such split.
+
+Stack Manipulation differs from NNCH: NNCH's model outputs the whole final stack (a sequence), which a one-label
+classifier cannot express without one class per possible stack (2^40 of them); the paper keeps only the top, so
+this task does. Its label is then mostly decided by the last action: a final PUSH_s leaves s on top, and only a
+final POP needs the stack. What that shortcut scores: docs/evaluation.md, "Semantic-focus tasks" (baselines.py
+reports it with every result).
 """
 from __future__ import annotations
 
@@ -57,6 +68,8 @@ class Task:
     num_layers: int = 5
     length: int = 40  # NNCH: fixed length; ListOps: see listops.py (501–599)
     class_names: tuple[str, ...] | None = None
+    shortest: int = 1  # the shortest length the sampler forms (length generalisation draws from here)
+    length_step: int = 1  # missing_duplicates: even lengths only
 
     def labels(self) -> list[str]:
         return list(self.class_names or [str(i) for i in range(self.num_classes)])
@@ -158,10 +171,11 @@ TASKS: dict[str, Task] = {task.name: task for task in (
     Task("parity", ("0", "1"), 2, _parity, epochs=1000, class_names=("even", "odd")),
     Task("cycle_navigation", tuple(MOVES), CYCLE, _cycle_navigation, epochs=750),
     Task("modular_arithmetic", DIGITS5 + ("+", "-", "*", "(", ")"), MODULUS, _modular_arithmetic, epochs=600),
-    Task("solve_equation", DIGITS5 + ("+", "-", "(", ")", "x", "="), MODULUS, _solve_equation, epochs=600),
+    Task("solve_equation", DIGITS5 + ("+", "-", "(", ")", "x", "="), MODULUS, _solve_equation, epochs=600,
+         shortest=3),
     Task("stack_manipulation", ("0", "1") + STACK_ACTIONS, 3, _stack_manipulation, epochs=200,
-         class_names=("0", "1", "empty")),
-    Task("missing_duplicates", ("0", "1", MISSING), 2, _missing_duplicates, epochs=250),
+         class_names=("0", "1", "empty"), shortest=2),
+    Task("missing_duplicates", ("0", "1", MISSING), 2, _missing_duplicates, epochs=250, shortest=2, length_step=2),
     Task("listops", LISTOPS_SYMBOLS, 10, sample_listops, epochs=200, lr=1.0, gamma=0.99, num_layers=10,
          length=600),
 )}
@@ -173,9 +187,28 @@ def get_task(name: str) -> Task:
     return TASKS[name]
 
 
-def generate_samples(task: str | Task, count: int, seed: int, **length_kwargs) -> list[Sample]:
-    """`count` distinct samples of a task, deterministic for (task, seed, length settings)."""
+TRAIN_LENGTHS, HELDOUT_LENGTHS = (1, 40), (41, 500)  # NNCH's length-generalisation split
+
+
+def generate_samples(task: str | Task, count: int, seed: int, lengths: tuple[int, int] | None = None,
+                     **length_kwargs) -> list[Sample]:
+    """`count` distinct samples of a task, deterministic for (task, seed, length settings). `lengths=(lo, hi)`: each
+    sequence's length drawn uniformly from lo..hi (from the task's shortest length; NNCH tasks only)."""
     task = get_task(task) if isinstance(task, str) else task
+    if lengths is not None:
+        if task.name == "listops":
+            raise ValueError("the length-generalisation split is NNCH's; ListOps has its own lengths "
+                             "(--listops-min-length, --listops-max-length)")
+        low = max(lengths[0], task.shortest)
+        choices = [n for n in range(low, lengths[1] + 1) if n % task.length_step == 0]
+        sampler = task.sample
+
+        def sample(rng):  # the length first, then the sequence, from the same stream
+            return sampler(rng, length=rng.choice(choices))
+        length_kwargs = {**length_kwargs, "lengths": f"{lengths[0]}-{lengths[1]}"}
+    else:
+        def sample(rng):
+            return task.sample(rng, **length_kwargs)
     settings = ",".join(f"{key}={value}" for key, value in sorted(length_kwargs.items()))
     rng = random.Random(f"semantic-focus/{task.name}/{seed}/{settings}")
     samples, seen, attempts = [], set(), 0
@@ -183,7 +216,7 @@ def generate_samples(task: str | Task, count: int, seed: int, **length_kwargs) -
         attempts += 1
         if attempts > 20 * count + 1000:
             raise ValueError(f"{task.name}: could not draw {count} distinct sequences with {length_kwargs or 'defaults'}")
-        symbols, label = task.sample(rng, **length_kwargs)
+        symbols, label = sample(rng)
         key = " ".join(symbols)
         if key not in seen:
             seen.add(key)
@@ -191,19 +224,28 @@ def generate_samples(task: str | Task, count: int, seed: int, **length_kwargs) -
     return samples
 
 
-def build_splits(task: str, seed: int = 0, n_train: int = 5000, n_heldout: int = 2000, **length_kwargs):
+def build_splits(task: str, seed: int = 0, n_train: int = 5000, n_heldout: int = 2000,
+                 length_generalisation: bool = False, **length_kwargs):
     """`datasets.DatasetDict` with "train" and "heldout" (disjoint, seeded), columns `text` (symbols joined by
     spaces), `input_ids` (the task tokenizer's ids, no special tokens) and `label` (a ClassLabel).
 
     `length_kwargs`: `length` for the NNCH tasks (default 40); `min_length`, `max_length`, `max_depth`,
-    `max_args` for ListOps (defaults 501, 599, 10, 10)."""
+    `max_args` for ListOps (defaults 501, 599, 10, 10). `length_generalisation`: NNCH's split (module docstring),
+    training lengths 1–40 and held-out lengths 41–500."""
     from datasets import ClassLabel, Dataset, DatasetDict, Features, Sequence, Value
 
     from .tokenizer import build_tokenizer
 
     spec = get_task(task)
     tokenizer = build_tokenizer(task)
-    samples = generate_samples(spec, n_train + n_heldout, seed, **length_kwargs)
+    if length_generalisation:
+        tokenizer.model_max_length = HELDOUT_LENGTHS[1]
+        if "length" in length_kwargs:
+            raise ValueError("length_generalisation draws the lengths itself (1–40, then 41–500); drop `length`")
+        samples = (generate_samples(spec, n_train, seed, TRAIN_LENGTHS, **length_kwargs)
+                   + generate_samples(spec, n_heldout, seed, HELDOUT_LENGTHS, **length_kwargs))
+    else:
+        samples = generate_samples(spec, n_train + n_heldout, seed, **length_kwargs)
     features = Features({"text": Value("string"), "input_ids": Sequence(Value("int32")),
                          "label": ClassLabel(names=spec.labels())})
 
