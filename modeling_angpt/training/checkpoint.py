@@ -74,6 +74,15 @@ def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def check_processes(path: Path, processes: int) -> None:
+    """A run resumes with the number of processes that wrote its checkpoint: each process's batches, random states
+    and stream position are its own, so another count would silently train on other data."""
+    saved = json.loads((Path(path) / STATE_FILE).read_text()).get("num_processes")
+    if saved is not None and saved != processes:
+        raise ValueError(f"--resume: checkpoint {path} was written by {saved} process(es), this launch has {processes}; "
+                         f"launch it with {saved} (num_machines × processes per machine)")
+
+
 def load_checkpoint(accelerator, path: Path) -> dict:
     accelerator.load_state(str(path))
     return json.loads((Path(path) / STATE_FILE).read_text())

@@ -228,8 +228,9 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     model_config = run_dir.comparable_config(config)
     run = _build(recipe, source, config)
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
-    state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": []}
+    state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [], "num_processes": acc.num_processes}
     if resume_from is not None:
+        ckpt.check_processes(resume_from, acc.num_processes)
         state = ckpt.load_checkpoint(acc, resume_from)
         data_state = ckpt.load_data_state(acc, resume_from)
         if data_state is not None:

@@ -211,3 +211,27 @@ def test_training_killed_by_sigkill_resumes_with_the_same_losses(prepared, write
     resumed = train(load_recipe(recipe, steps), resume=True)          # what `angpt train ... --resume` runs
     assert 4 <= resumed.start_step < 12
     assert resumed.losses == whole.losses                             # step for step, bit for bit
+
+
+def test_a_streamed_corpus_prepares_to_the_same_tokens_one_unit_per_source_file(recipe_for, corpus, tmp_path):
+    read = prepare(recipe_for(), tmp_path / "read", unit_mb=0.05)
+    streamed = prepare(recipe_for(streaming=True), tmp_path / "streamed")
+    assert len(streamed.manifest["shards"]) == 2 * len(list(corpus.iterdir()))      # the source's files are the units
+    for split in ("train", "val"):
+        assert np.array_equal(_shard_tokens(tmp_path / "read", split), _shard_tokens(tmp_path / "streamed", split))
+
+
+def test_resuming_with_another_number_of_processes_is_refused(prepared, write_recipe, tmp_path, capsys):
+    from modeling_angpt.training.loop import train
+
+    recipe = write_recipe(dataset=str(prepared))
+    train(load_recipe(recipe, ["max_steps=4", "save_steps=2", "eval_steps=0"]), stop_after_steps=2)
+    state_file = tmp_path / "run" / "checkpoints" / "step_0000002" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["num_processes"] == 1
+    state_file.write_text(json.dumps({**state, "num_processes": 2}))
+    args = argparse.Namespace(recipe=str(recipe), override=["max_steps=4", "save_steps=2", "eval_steps=0"],
+                              resume=True, overwrite=False)
+    assert train_command.run(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "written by 2 process(es), this launch has 1" in err and len(err.splitlines()) == 1
