@@ -12,7 +12,7 @@ DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: venv install demo test test-experiments bench bench-gpu clean
+.PHONY: venv install demo test test-experiments test-transformers bench bench-gpu clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ test: $(STAMP)
 # collects tests/ only.
 test-experiments: $(STAMP)
 	$(VENV)/bin/python -m pytest -q experiments -p no:cacheprovider --durations=10
+
+# transformers' own common tests (ModelTesterMixin, ConfigTester) for the three architectures, from the source
+# distribution of the installed transformers (pip downloads it once into ~/.cache/angpt; docs/transformers-compat.md).
+test-transformers: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m transformers_common tests/contract/test_transformers_common.py \
+		$(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) -p no:cacheprovider -rs -W ignore::pytest.PytestUnknownMarkWarning
 
 # Speed and memory benchmarks (bench/README.md), on a quiet machine: figures into docs/results/benchmarks.md, plots
 # into docs/results/plots/.
