@@ -34,9 +34,10 @@ def make_corpus(directory: Path, megabytes: float, seed: int) -> list[Path]:
     rng, files, left = random.Random(seed), [], int(megabytes * 2 ** 20)
     directory.mkdir(parents=True, exist_ok=True)
     while left > 0:
-        size, chunks = min(left, int(FILE_MB * 2 ** 20)), []
-        while sum(map(len, chunks)) < size:
+        size, chunks, filled = min(left, int(FILE_MB * 2 ** 20)), [], 0
+        while filled < size:
             chunks.append(rng.choice(paragraphs))
+            filled += len(chunks[-1]) + 2
         path = directory / f"part-{len(files):04d}.txt"
         path.write_text("\n\n".join(chunks) + "\n")
         files.append(path)
