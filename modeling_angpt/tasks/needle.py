@@ -19,7 +19,7 @@ target is `city1=n1;city2=n2;city3=n3` with the needles **in their order of appe
 - Filler units that contain "special magic" (a needle sentence's or the question's words) are dropped, so every
   example has exactly its three needle sentences.
 - Depth needs room: below `independent_depth_length` (the filler at least as long as the needles, question and
-  answer together) most needles would sit at the filler's edges or next to each other; `check_room` warns there.
+  answer together) needles often sit at the filler's edges or next to each other; `check_room` warns there.
 
 Scoring (`score_answer`): the answer is the generated text up to its first newline. Its `city=digits` pairs are
 read from the start, separated by `;` (spaces around the tokens tolerated), as far as they go: whatever follows
@@ -120,7 +120,7 @@ def minimum_length(tokenizer) -> int:
 
 def independent_depth_length(tokenizer) -> int:
     """The shortest length whose filler is at least as long as the needles, question and answer: shorter haystacks
-    have so few filler units that needles mostly share a boundary or sit at depth 0 or 1."""
+    have so few filler units that needles often share a boundary or sit at depth 0 or 1."""
     return 2 * minimum_length(tokenizer)
 
 
@@ -132,7 +132,7 @@ def check_room(tokenizer, length: int, what: str = "length") -> None:
         raise ValueError(f"needle examples take up to {minimum} tokens before any filler (three needles, the "
                          f"question and the answer); {what} {length} is too short")
     if length < independent_depth_length(tokenizer):
-        warnings.warn(f"{what} {length} leaves at most {length - minimum} tokens of filler: needles will mostly sit "
+        warnings.warn(f"{what} {length} leaves as few as {length - minimum} tokens of filler: needles will often sit "
                       f"next to each other or at depth 0 or 1; lengths of at least {independent_depth_length(tokenizer)} "
                       "tokens place them at independent depths", stacklevel=2)
 
