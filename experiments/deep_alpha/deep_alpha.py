@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per run")
     parser.add_argument("--output-dir", default="runs/deep_alpha")
+    parser.add_argument("--report", action="store_true",
+                        help="train nothing: write the section from the runs already recorded in OUTPUT_DIR")
     parser.add_argument("--section", default=None, help="the README section to write (default deep_alpha_sweep, "
                                                          "or deep_alpha_default with --check-default)")
     rf.add_output_arguments(parser, plots=False, results=HERE / "README.md")
@@ -158,7 +160,7 @@ def run_seeds(specs: list[dict], cfg: dict, records: Records, pool, stop_on_fail
     failed (the runs already started finish and are recorded)."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
-    queue = [s for s in specs if run_name(s) not in records.done]
+    queue = [s for s in specs if run_name(s) not in records.done and not cfg["report"]]
     failed = lambda: any(not records.done[run_name(s)]["clean"]  # noqa: E731
                          for s in specs if run_name(s) in records.done)
     running = set()
@@ -200,8 +202,10 @@ def sweep(args, cfg: dict, records: Records, pool) -> dict[float, list[dict]]:
         tested[level] = run_seeds(specs_for(level / args.layers, args), cfg, records, pool, stop_on_failure=True)
         if all(r["clean"] for r in tested[level]) and len(tested[level]) == args.seeds:
             low = middle
-        else:
+        elif any(not r["clean"] for r in tested[level]):
             high = middle
+        else:  # --report: the records leave this level undecided
+            break
     return tested
 
 
@@ -222,7 +226,10 @@ def sweep_section(args, tested: dict[float, list[dict]], command: str) -> str:
                      f"{'; '.join(outcome(r) for r in runs if not r['clean']) or '—'} | {args.seeds - len(runs)} | "
                      + (f"{worst['max_ratio']:.2f}× (seed {worst['seed']}, step {worst['max_ratio_step']})"
                         if worst else "—") + " |")
-    lines += ["", (f"Largest level with {args.seeds} of {args.seeds} seeds clean: α·L = {limit:.2f}"
+    undecided = [level for level, runs in tested.items() if level not in clean_levels + failed_levels]
+    lines += [""] + [f"Undecided: α·L = {level:.2f}, {len(tested[level])} of {args.seeds} seeds run, all clean "
+                     "(the others not run yet)." for level in undecided]
+    lines += [(f"Largest level with {args.seeds} of {args.seeds} seeds clean: α·L = {limit:.2f}"
                    if limit is not None else "No level had every seed clean")
               + (f"; the next level tested, {min(l for l in failed_levels if limit is None or l > limit):.2f}, "
                  "failed." if any(limit is None or l > limit for l in failed_levels) else ".")]
@@ -275,9 +282,11 @@ def main(argv=None) -> None:
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "recipe": args.recipe,
         "override": args.override})
     cfg = {"model_file": str(model_file(args).resolve()), "recipe": args.recipe, "override": args.override,
+           "report": args.report,
            "threads": args.threads, "jobs": args.jobs, "hidden": args.hidden, "output_dir": str(output_dir)}
     records = Records(output_dir)
-    command = rf.command_line(pathlib.Path(__file__), argv)
+    command = rf.command_line(pathlib.Path(__file__), [a for a in (sys.argv[1:] if argv is None else argv)
+                                                       if a != "--report"])
     from worker_pool import worker_pool
 
     with worker_pool(args.jobs) if args.jobs > 1 else InProcess() as pool:

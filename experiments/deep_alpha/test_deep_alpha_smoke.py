@@ -33,6 +33,9 @@ def test_sweep_bisects_and_resumes(experiment, tmp_path, monkeypatch):
     # a rerun finds every run recorded and trains nothing
     monkeypatch.setattr(deep_alpha, "run_one", lambda spec, cfg: pytest.fail(f"retrained {spec}"))
     deep_alpha.main(args)
+    # --report writes what the records hold and trains nothing, not even where they decide nothing
+    deep_alpha.main(smoke_args(experiment, tmp_path, "--report", "--output-dir", str(tmp_path / "empty")))
+    assert "Undecided: α·L = 0.24, 0 of 2 seeds run" in results.read_text()
     monkeypatch.undo()
     # every run failing (a criterion no run can meet: the largest loss is at least the first): each level fails at
     # its first seed, whose second seed never starts, and the bisection goes down and never needs the highest level
