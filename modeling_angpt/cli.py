@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(args._module)
         if hasattr(module, "validate"):  # cheap checks, before the package's heavy imports
             module.validate(args)
-        from . import register_auto_classes
+        if getattr(module, "USES_MODELS", True):  # `angpt prepare` touches no model: it starts in a fraction
+            from . import register_auto_classes
 
-        register_auto_classes()  # what `import modeling_angpt` does, unless the console script deferred it
+            register_auto_classes()  # what `import modeling_angpt` does, unless the console script deferred it
         return int(module.run(args) or 0)
     except CommandError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)

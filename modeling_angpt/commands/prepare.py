@@ -8,6 +8,8 @@ import sys
 
 from . import CommandError, float_at_least, int_at_least
 
+USES_MODELS = False  # cli.py need not register the models with transformers (seconds of imports) for this command
+
 DESCRIPTION = """Tokenise the corpus a training recipe names (its keys dataset, dataset_config, dataset_split,
 text_column, streaming, max_corpus_chars, tokenizer or tokenizer_vocab_size, validation_fraction and data_seed) into
 token shards and a manifest in DIR, with N worker processes. Then train with: angpt train RECIPE --override

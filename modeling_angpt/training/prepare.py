@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import DataSource, _source_fingerprint, _with_separators, default_cache_dir, get_tokenizer, load_texts, \
-    limit_chars, resolve_source
+from .corpus import DataSource, _source_fingerprint, _with_separators, default_cache_dir, resolve_source
 from .shards import (FORMAT, FORMAT_VERSION, MANIFEST, TOKENIZER_DIR, PreparedDataError, held_out, read_manifest,
                      token_dtype, tokenizer_hash)
 
@@ -86,6 +85,8 @@ def _check_output(output: Path, identity: dict) -> dict | None:
 
 
 def _load_corpus(recipe, source: DataSource):
+    from .data import limit_chars, load_texts
+
     ds = load_texts(source, recipe, streaming=recipe.streaming)
     if not recipe.streaming:
         ds = limit_chars(ds, recipe.text_column, recipe.max_corpus_chars)
@@ -235,9 +236,6 @@ def _save_tokenizer(tokenizer, output: Path) -> None:
 
 def prepare(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_UNIT_MB) -> PrepareResult:
     """Prepare `recipe`'s corpus into `output` (module docstring); returns at once if it is already there."""
-    from tqdm.auto import tqdm
-    from transformers import AutoTokenizer
-
     began = time.perf_counter()
     if num_proc < 1:
         raise PreparedDataError(f"--num-proc {num_proc}: expected at least 1 worker process")
@@ -252,6 +250,9 @@ def prepare(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_UNIT_MB)
     finished = _check_output(output, identity)
     if finished is not None:
         return PrepareResult(output, finished, True, 0, time.perf_counter() - began)
+    from tqdm.auto import tqdm
+    from transformers import AutoTokenizer
+
     ds = _load_corpus(recipe, source)
     units = _units(recipe, ds, num_proc, int(unit_mb * 2 ** 20))
     output.mkdir(parents=True, exist_ok=True)
@@ -259,6 +260,8 @@ def prepare(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_UNIT_MB)
     if (output / TOKENIZER_DIR).is_dir():    # resumed: the tokenizer the finished units were written with
         tokenizer = AutoTokenizer.from_pretrained(output / TOKENIZER_DIR)
     else:
+        from .data import get_tokenizer
+
         cache = Path(recipe.data_cache_dir) if recipe.data_cache_dir else default_cache_dir(source)
         tokenizer = get_tokenizer(recipe, source, ds, cache)
         _save_tokenizer(tokenizer, output)

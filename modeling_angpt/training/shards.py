@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 MANIFEST = "manifest.json"
 FORMAT = "angpt-token-shards"
@@ -94,9 +93,10 @@ def check_recipe_tokenizer(tokenizer_name: str | None, manifest: dict, directory
                                 "prepared one, or prepare the corpus with this tokenizer")
 
 
-class ShardedBlocks(torch.utils.data.Dataset):
+class ShardedBlocks:
     """Fixed-length blocks cut from memory-mapped shards of one split; block i is a view into one shard (a shard's
-    last partial block is not used), so memory holds one small offset table, whatever the corpus size."""
+    last partial block is not used), so memory holds one small offset table, whatever the corpus size. A map-style
+    dataset for torch's DataLoader (torch is imported only when a block is read: `angpt prepare` needs none)."""
 
     def __init__(self, directory, manifest: dict, split: str, block_size: int):
         self.directory, self.block_size = Path(directory), block_size
@@ -147,6 +147,8 @@ class ShardedBlocks(torch.utils.data.Dataset):
         return ids
 
     def __getitem__(self, index: int) -> dict:
+        import torch
+
         return {"input_ids": torch.from_numpy(self.block(index))}
 
     @property

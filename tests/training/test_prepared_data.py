@@ -235,3 +235,13 @@ def test_resuming_with_another_number_of_processes_is_refused(prepared, write_re
     assert train_command.run(args) == 2
     err = capsys.readouterr().err.strip()
     assert "written by 2 process(es), this launch has 1" in err and len(err.splitlines()) == 1
+
+
+def test_a_second_prepare_from_the_command_line_imports_neither_torch_nor_transformers(prepared, write_recipe,
+                                                                                       corpus):
+    recipe = write_recipe(dataset=str(corpus))
+    code = ("import sys; from angpt_cli import main; status = main(['prepare', sys.argv[1], '--output', sys.argv[2]]); "
+            "print(status, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code, str(recipe), str(prepared)], capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert "already holds this corpus prepared" in done.stdout and done.stdout.strip().endswith("0 False False"), done
