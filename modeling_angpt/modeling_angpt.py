@@ -7,7 +7,6 @@ Names follow transformers' Llama/Qwen3 (`embed_tokens`, `q_proj`, ..., `input_la
 dicts convert key for key. This file and the files it imports with `from .x import` are what `save_pretrained`
 copies next to a checkpoint for `trust_remote_code` loading: it imports nothing else of the project.
 """
-from __future__ import annotations
 
 import functools
 import inspect
