@@ -52,11 +52,11 @@ def write_recipe(path: Path, **values) -> Path:
 
 
 def timed_prepare(recipe_path: Path, output: Path, num_proc: int) -> tuple[float, dict]:
-    from modeling_angpt.training.prepare import prepare
+    from modeling_angpt.training.prepare import prepare_corpus
     from modeling_angpt.training.recipe import load_recipe
 
     began = time.perf_counter()
-    result = prepare(load_recipe(recipe_path), output, num_proc=num_proc, unit_mb=FILE_MB)
+    result = prepare_corpus(load_recipe(recipe_path), output, num_proc=num_proc, unit_mb=FILE_MB)
     return time.perf_counter() - began, result.manifest
 
 

@@ -31,12 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.prepare import prepare
+    from ..training.prepare import prepare_corpus
     from ..training.recipe import load_recipe
 
     try:
         recipe = load_recipe(args.recipe, args.override)
-        result = prepare(recipe, args.output, num_proc=args.num_proc, unit_mb=args.unit_mb)
+        result = prepare_corpus(recipe, args.output, num_proc=args.num_proc, unit_mb=args.unit_mb)
     except (OSError, ValueError) as error:
         raise CommandError(str(error).strip().replace("\n", " ")) from None
     totals = result.manifest["totals"]

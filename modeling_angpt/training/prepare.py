@@ -234,7 +234,7 @@ def _save_tokenizer(tokenizer, output: Path) -> None:
     os.replace(tmp, output / TOKENIZER_DIR)
 
 
-def prepare(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_UNIT_MB) -> PrepareResult:
+def prepare_corpus(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_UNIT_MB) -> PrepareResult:
     """Prepare `recipe`'s corpus into `output` (module docstring); returns at once if it is already there."""
     began = time.perf_counter()
     if num_proc < 1:

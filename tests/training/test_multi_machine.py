@@ -72,7 +72,7 @@ def _check_one_model(reports: list[dict]) -> None:
 def _prepared_corpus(work: Path, data_cache: Path) -> Path:
     """A small text corpus tokenised by `angpt prepare` into token shards (the path for corpora at scale)."""
     from modeling_angpt.training.data import shakespeare_files
-    from modeling_angpt.training.prepare import prepare
+    from modeling_angpt.training.prepare import prepare_corpus
     from modeling_angpt.training.recipe import load_recipe
 
     corpus = work / "corpus"
@@ -81,7 +81,7 @@ def _prepared_corpus(work: Path, data_cache: Path) -> Path:
         (corpus / f"part{index}.txt").write_text(path.read_text(errors="replace")[:40_000])
     recipe = work / "prepare.yaml"
     recipe.write_text(yaml.safe_dump({**TINY, "dataset": str(corpus), "data_cache_dir": str(data_cache)}))
-    prepare(load_recipe(recipe), work / "prepared", unit_mb=0.05)
+    prepare_corpus(load_recipe(recipe), work / "prepared", unit_mb=0.05)
     return work / "prepared"
 
 

@@ -19,7 +19,7 @@ from modeling_angpt.commands import CommandError
 from modeling_angpt.commands import prepare as prepare_command
 from modeling_angpt.commands import train as train_command
 from modeling_angpt.training import prepare as prepare_module
-from modeling_angpt.training.prepare import prepare
+from modeling_angpt.training.prepare import prepare_corpus as prepare
 from modeling_angpt.training.recipe import load_recipe
 from modeling_angpt.training.shards import MANIFEST, held_out
 
