@@ -83,7 +83,7 @@ if __name__ != "__main__":
     modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.setdefault("angpt", "AnGPTForSequenceClassification")
 
     class AnGPTModelTester:
-        """The tiny models of the contract suite (tests/contract_fixtures.py), in the shape ModelTesterMixin reads."""
+        """Tiny models like the contract suite's (tests/contract_fixtures.py), in the shape ModelTesterMixin reads."""
 
         batch_size, seq_length, is_training = 3, 7, True
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads = 99, 32, 2, 4
