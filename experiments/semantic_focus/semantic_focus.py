@@ -2,7 +2,8 @@
 """Semantic focus (Ram et al.): full vs top-k (k=5) vs window (5) vs block (5) attention on Even Pairs,
 Parity and ListOps (and, on request, Missing Duplicates) with the paper's protocol (`angpt semantic-focus`:
 bidirectional classifier, mean pooling, SGD + StepLR, batch 25, clip 0.5), several seeds. Reports the first
-epoch with ≥ 95 % training accuracy (the paper's convergence criterion) and the held-out accuracy, writes its
+epoch with ≥ 95 % training accuracy (the paper's convergence criterion) and the held-out accuracy beside the
+split's trivial baselines (majority class, one position; evaluation/semantic_focus/baselines.py), writes its
 section of experiments/semantic_focus/README.md and plots/semantic_focus*.png there. The paper: top-k converges
 faster than full attention; window and block do not.
 
@@ -96,6 +97,8 @@ def one_run(job: dict) -> dict:
         stopped_early = summary["epochs_run"] < summary["epochs_budget"]
         if not summary.get("stopped_at_deadline") and (stopped_early or summary["epochs_budget"] >= job["epochs"]):
             summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+            if "baselines" not in summary:  # a run from before summaries carried them: the same split's baselines
+                summary["baselines"] = split_baselines(job)
             return {**job, **summary, "reused": True}
         if not (out / "resume.pt").exists():
             raise ValueError(f"{out} holds a finished {summary['epochs_budget']}-epoch run without resume.pt, which "
@@ -111,6 +114,16 @@ def one_run(job: dict) -> dict:
                            backbone=job["backbone"], resume=True, deadline=job["deadline"],
                            **VARIANTS[job["variant"]])
     return {**job, **summary, "reused": False, "epochs_earlier": earlier}
+
+
+def split_baselines(job: dict) -> dict:
+    """The held-out trivial baselines of a job's split (what run_protocol writes into summary.json)."""
+    from modeling_angpt.evaluation.semantic_focus import build_splits
+    from modeling_angpt.evaluation.semantic_focus.baselines import trivial_baselines
+
+    splits = build_splits(job["task"], seed=job["seed"], n_train=job["n_train"], n_heldout=job["n_heldout"],
+                          **job["task_kwargs"])
+    return trivial_baselines(*(zip(splits[name]["input_ids"], splits[name]["label"]) for name in ("train", "heldout")))
 
 
 def _median(values):
@@ -332,12 +345,16 @@ def main(argv=None) -> dict:
              f"Protocol (`angpt semantic-focus --backbone {args.backbone}`, Ram et al.): {backbone}; SGD batch 25, "
              "clip 0.5, lr 0.1 with StepLR 0.9995 per epoch (ListOps lr 1.0, 0.99); k = window = block = 5. "
              + (f"Runs end once training accuracy reaches {args.stop_at:g}." if args.stop_at else ""), "",
-             "| task | train / held-out sequences | length | epoch budget (paper) | seeds |", "|---|---|---|---|---|"]
+             "| task | train / held-out sequences | length | epoch budget (paper) | seeds | held-out baselines: majority "
+             "class / one position |", "|---|---|---|---|---|---|"]
     for task in tasks:
         n_train, n_heldout, epochs, kw = settings[task]
         length = f"{kw['min_length']}–{kw['max_length']}" if kw else "40"
+        baselines = [r["baselines"] for r in runs if r["task"] == task]
+        majority = _median([b["majority_class"]["heldout_acc"] for b in baselines])
+        one = _median([b["one_position"]["heldout_acc"] for b in baselines])
         lines.append(f"| {task} | {n_train} / {n_heldout} | {length} | {args.epochs or epochs} ({paper_epochs[task]}) | "
-                     f"{seed_cell} |")
+                     f"{seed_cell} | {majority:.3f} / {one:.3f} |")
     lines += ["", "Epochs to ≥ 95 % training accuracy (median over seeds, a seed that never reached it counted as its epochs run + 1; – = not reached) and "
               "held-out accuracy (median over seeds: at the last epoch run / best epoch).", "",
               "| task | variant | epochs to 95 % | per seed | held-out acc (last / best) | train acc (last) |",
