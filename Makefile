@@ -54,9 +54,10 @@ test-experiments: $(STAMP)
 
 # transformers' own common tests (ModelTesterMixin, ConfigTester) for the three architectures, from the source
 # distribution of the installed transformers (pip downloads it once into ~/.cache/angpt; docs/transformers-compat.md).
+# One process, about 3 minutes on 2 cores.
 test-transformers: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m transformers_common tests/contract/test_transformers_common.py \
-		$(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) -p no:cacheprovider -rs -W ignore::pytest.PytestUnknownMarkWarning
+	$(VENV)/bin/python -m pytest -q -p no:xdist -p no:cacheprovider -m transformers_common -rs \
+		-W ignore::pytest.PytestUnknownMarkWarning tests/contract/test_transformers_common.py
 
 # Speed and memory benchmarks (bench/README.md), on a quiet machine: figures into docs/results/benchmarks.md, plots
 # into docs/results/plots/.
