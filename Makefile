@@ -66,6 +66,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/train_step_time.py --bf16 --compile --ablations
 	$(VENV)/bin/python bench/inference_speed.py
 	$(VENV)/bin/python bench/long_context_memory.py
+	$(VENV)/bin/python bench/data_pipeline.py
 
 # The paper reproductions are not a make target: each takes hours to days on a CPU, over several sessions (every
 # command resumes). experiments/README.md and each study's README give the commands that wrote their tables.
