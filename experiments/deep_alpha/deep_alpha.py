@@ -230,7 +230,7 @@ def sweep_section(args, tested: dict[float, list[dict]], command: str) -> str:
     lines += [""] + [f"Undecided: α·L = {level:.2f}, {len(tested[level])} of {args.seeds} seeds run, all clean "
                      "(the others not run yet)." for level in undecided]
     lines += [(f"Largest level with {args.seeds} of {args.seeds} seeds clean: α·L = {limit:.2f}"
-                   if limit is not None else "No level had every seed clean")
+                   if limit is not None else "No level had every seed clean" + (" yet" if undecided else ""))
               + (f"; the next level tested, {min(l for l in failed_levels if limit is None or l > limit):.2f}, "
                  "failed." if any(limit is None or l > limit for l in failed_levels) else ".")]
     return "\n".join(lines)
@@ -277,6 +277,9 @@ def setting_line(args, tested) -> str:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)  # each run's, and what the machine line reports
     output_dir = pathlib.Path(args.output_dir)
     study.claim_output_dir("deep_alpha.py", output_dir, {
         "layers": args.layers, "hidden": args.hidden, "heads": args.heads, "recipe": args.recipe,

@@ -68,5 +68,5 @@ def test_bad_arguments_name_the_argument(experiment, tmp_path, capsys):
     for flags, words in ((["--seeds", "0"], "--seeds must be at least 1, got 0"),
                          (["--levels", "0.1", "-0.2"], "--levels must be positive numbers, got 0.1 -0.2")):
         with pytest.raises(SystemExit):
-            deep_alpha.main(smoke_args(experiment, tmp_path, *flags))
+            deep_alpha.main(smoke_args(experiment, tmp_path, *flags, "--output-dir", str(tmp_path / "runs")))
         assert words in capsys.readouterr().err
