@@ -231,8 +231,9 @@ def sweep_section(args, tested: dict[float, list[dict]], command: str) -> str:
                      "(the others not run yet)." for level in undecided]
     lines += [(f"Largest level with {args.seeds} of {args.seeds} seeds clean: α·L = {limit:.2f}"
                    if limit is not None else "No level had every seed clean" + (" yet" if undecided else ""))
-              + (f"; the next level tested, {min(l for l in failed_levels if limit is None or l > limit):.2f}, "
-                 "failed." if any(limit is None or l > limit for l in failed_levels) else ".")]
+              + (f"; the {'next' if limit is not None else 'lowest'} level tested, "
+                 f"{min(l for l in failed_levels if limit is None or l > limit):.2f}, failed."
+                 if any(limit is None or l > limit for l in failed_levels) else ".")]
     return "\n".join(lines)
 
 

@@ -10,7 +10,7 @@ from modeling_angpt.configuration_angpt import ROPE_TYPES
 
 
 def test_defaults_follow_spec():
-    config = AnGPTConfig(hidden_size=64, num_attention_heads=4)
+    config = AnGPTConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=2)  # shallow: the paper's α
     assert config.model_type == "angpt" and config.architecture == "angpt"
     assert config.intermediate_size == 4 * 64 and config.head_dim == 16
     assert config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
@@ -85,7 +85,7 @@ def test_alpha_init_default_follows_the_depth_rule():
         alpha = AnGPTConfig(architecture="angpt", num_hidden_layers=layers, hidden_size=32, num_attention_heads=2).alpha_init
         assert alpha * layers <= ALPHA_DEPTH_LIMIT + 1e-9, layers
         assert alpha == pytest.approx(0.05 if 0.05 * layers <= ALPHA_DEPTH_LIMIT + 1e-9 else 0.12 / layers), layers
-    assert AnGPTConfig(architecture="angpt", num_hidden_layers=4).alpha_init == 0.05  # the paper's, shallow
+    assert AnGPTConfig(architecture="angpt", num_hidden_layers=2).alpha_init == 0.05  # the paper's, shallow
     assert AnGPTConfig(architecture="ngpt", num_hidden_layers=24).alpha_init == 0.05
 
 
