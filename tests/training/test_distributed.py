@@ -5,9 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 
+# make test runs the same checks (one gloo group, bit-identical replicas, equal losses, both ranks' tokens) on two
+# accelerate machines of one process each (test_multi_machine.py); this one launches with cpu_2proc.yaml.
+@pytest.mark.slow
 def test_two_cpu_processes_train_one_identical_model(write_recipe, tmp_path):
     recipe = write_recipe(max_steps=12, eval_steps=6, save_steps=6, logging_steps=6)
     accelerate = Path(sys.executable).with_name("accelerate")
