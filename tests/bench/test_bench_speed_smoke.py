@@ -58,6 +58,7 @@ def test_train_step_time_smoke(bench, capsys):
     assert "| angpt |" in out and "angpt without constraint" in out
 
 
+@pytest.mark.slow  # one interpreter per measured row: about 12 s of make test's 4 minutes (make bench runs the script)
 def test_long_context_memory_smoke(bench, tmp_path, capsys):
     """Each (backend, transform) row measured in its own interpreter, written into the given results page; the
     printed rows rebuild the same table without measuring again (--rows-from)."""
