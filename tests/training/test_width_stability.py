@@ -95,11 +95,12 @@ def test_fast_logit_scale_keeps_the_stream_normalised_and_the_loss_below_its_sta
 DEEP = {"hidden_size": 256, "num_hidden_layers": 24}  # narrow and deep: the depth effect alone, in seconds
 
 
+@pytest.mark.slow  # 12 s; make test checks the depth rule itself (tests/model/test_config.py) and the warning
 def test_deep_angpt_blows_up_with_the_default_alpha_and_trains_with_the_presets_depth_rule():
     """Depth is the third cause (experiments/width_depth_stability/README.md): with no exact norm, each MLP sublayer
     maps ‖h‖ = x to about (1 − α)x + α·c·x², so a perturbation of the first steps compounds over the 2L sublayers and
-    α·L decides. The config's default α init 0.05 at 24 layers (α·L = 1.2) blows up within three steps even at
-    d = 256; the presets' rule for deep models, α init = 0.12/L, trains smoothly with the same data, seed and
+    α·L decides. α init 0.05 (the former default at every depth) at 24 layers (α·L = 1.2) blows up within three steps
+    even at d = 256; the presets' rule for deep models, α init = 0.12/L, trains smoothly with the same data, seed and
     recipe."""
     blown, _ = _train(steps=4, alpha_init=0.05, **DEEP)
     assert not all(math.isfinite(x) for x in blown) or max(blown) > 1.5 * blown[0], blown
