@@ -42,7 +42,6 @@ PAPER_ALPHA_INIT = 0.05  # the nGPT and anGPT papers' initial LERP weight
 # and it nearly clean, so it is the lowest level measured, not one proven clean in every seed. Training warns above
 # it (AnGPT.alpha_depth_warning).
 ALPHA_DEPTH_LIMIT = 0.12
-DEEP_ALPHA_TIMES_DEPTH = 0.12  # α·L of the presets from 12 layers, and of anGPT's default beyond the paper's α
 
 
 class Architecture:
@@ -258,10 +257,9 @@ class AnGPT(Architecture):
         return 256.0
 
     def default_alpha_init(self, config) -> float:
-        """The papers' 0.05 while α·L stays within ALPHA_DEPTH_LIMIT, else 0.12/L, the presets' rule for deep models
-        (docs/architectures.md, "Deep models start with a smaller α")."""
-        layers = config.num_hidden_layers
-        return PAPER_ALPHA_INIT if PAPER_ALPHA_INIT * layers <= ALPHA_DEPTH_LIMIT + 1e-9 else DEEP_ALPHA_TIMES_DEPTH / layers
+        """The papers' 0.05 while α·L stays within ALPHA_DEPTH_LIMIT, else ALPHA_DEPTH_LIMIT / L (0.12 / L), the
+        presets' rule for deep models (docs/architectures.md, "Deep models start with a smaller α")."""
+        return min(PAPER_ALPHA_INIT, ALPHA_DEPTH_LIMIT / config.num_hidden_layers)
 
     def alpha_depth_warning(self, config) -> str | None:
         layers = config.num_hidden_layers

@@ -74,18 +74,17 @@ def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def check_processes(path: Path, processes: int) -> None:
-    """A run resumes with the number of processes that wrote its checkpoint: each process's batches, random states
-    and stream position are its own, so another count would silently train on other data."""
-    saved = json.loads((Path(path) / STATE_FILE).read_text()).get("num_processes")
+def load_checkpoint(accelerator, path: Path) -> dict:
+    """The checkpoint's trainer state, after restoring model, optimiser, schedule and random states. A run resumes with
+    the number of processes that wrote it: each process's batches, random states and stream position are its own,
+    so another count would silently train on other data."""
+    state = json.loads((Path(path) / STATE_FILE).read_text())
+    saved, processes = state.get("num_processes"), accelerator.num_processes
     if saved is not None and saved != processes:
         raise ValueError(f"--resume: checkpoint {path} was written by {saved} process(es), this launch has {processes}; "
                          f"launch it with {saved} (num_machines × processes per machine)")
-
-
-def load_checkpoint(accelerator, path: Path) -> dict:
     accelerator.load_state(str(path))
-    return json.loads((Path(path) / STATE_FILE).read_text())
+    return state
 
 
 def load_data_state(accelerator, path: Path) -> dict | None:

@@ -188,6 +188,7 @@ def _build(recipe: Recipe, source, config) -> _Run:
     scheduler = build_scheduler(optimizer, recipe)
     train_dl, accelerate_shards = make_train_loader(recipe, accelerator, train_ds)  # train_loader.py
     val_dl = torch.utils.data.DataLoader(val_ds, batch_size=recipe.per_device_eval_batch_size)
+    # prepared in the order earlier versions used (accelerate saves each prepared loader's sampler by position)
     loaders = [train_dl, val_dl] if accelerate_shards else [val_dl]
     model, optimizer, *loaders, scheduler = accelerator.prepare(model, optimizer, *loaders, scheduler)
     train_dl, val_dl = loaders if accelerate_shards else (train_dl, loaders[0])
@@ -230,7 +231,6 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [], "num_processes": acc.num_processes}
     if resume_from is not None:
-        ckpt.check_processes(resume_from, acc.num_processes)
         state = ckpt.load_checkpoint(acc, resume_from)
         data_state = ckpt.load_data_state(acc, resume_from)
         if data_state is not None:

@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .corpus import _with_separators
 from .shards import held_out
 
 
 def _separated(text: str, builder: str) -> str:
-    from .data import _with_separators
-
     return _with_separators([text], builder)[0]
 
 
