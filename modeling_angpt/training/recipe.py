@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -139,8 +140,8 @@ class Recipe:
                 raise ValueError(f"recipe key {name}={getattr(self, name)!r} must be > 0")
         if not 0.0 < self.validation_fraction < 1.0:
             raise ValueError(f"recipe key validation_fraction={self.validation_fraction!r} must be in (0, 1)")
-        if self.learning_rate <= 0:
-            raise ValueError(f"recipe key learning_rate={self.learning_rate!r} must be > 0")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):  # `nan <= 0` is False
+            raise ValueError(f"recipe key learning_rate={self.learning_rate!r} must be a finite number > 0")
         if self.warmup_ratio is not None and not 0.0 <= self.warmup_ratio < 1.0:
             raise ValueError(f"recipe key warmup_ratio={self.warmup_ratio!r} must be in [0, 1)")
         if self.tokenizer_split_digits and self.tokenizer:

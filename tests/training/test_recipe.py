@@ -28,6 +28,7 @@ def test_overrides_coerce_to_the_declared_types(tmp_path):
     ({"learning_rat": 0.1}, "unknown recipe key 'learning_rat'.*did you mean learning_rate"),
     ({"max_steps": "many"}, "max_steps='many' has the wrong type"),
     ({"max_steps": 0}, "max_steps=0 must be > 0"),
+    ({"learning_rate": float("nan")}, "learning_rate=nan must be a finite number > 0"),
 ])
 def test_bad_recipe_values_name_the_key(bad, message):
     with pytest.raises(ValueError, match=message):
