@@ -37,11 +37,17 @@ def silu_second_moment(std: float) -> float:
 PAPER_ALPHA_INIT = 0.05  # the nGPT and anGPT papers' initial LERP weight
 # anGPT has no exact norm on the residual stream: each MLP sublayer maps ‖h‖ = x to about (1 − α)x + α·c·x², an
 # unstable fixed point at 1 whose perturbation compounds over the depth, so the initial α·L decides whether the first
-# Adam steps blow up. ALPHA_DEPTH_LIMIT is the presets' α·L from 12 layers; the seed sweep of a 24-layer anGPT (d = 256,
-# the demo recipe's first 40 steps, experiments/deep_alpha/README.md) found every level above it failing in some seed
-# and it nearly clean, so it is the lowest level measured, not one proven clean in every seed. Training warns above
+# Adam steps blow up. ALPHA_DEPTH_LIMIT is the largest α·L at which a seed sweep of a 24-layer anGPT (d = 256, the demo
+# recipe's first 40 steps) had 10 seeds of 10 clean; the next level, 0.12, failed in one seed
+# (experiments/deep_alpha/README.md, docs/architectures.md "Deep models start with a smaller α"). Training warns above
 # it (AnGPT.alpha_depth_warning).
-ALPHA_DEPTH_LIMIT = 0.12
+ALPHA_DEPTH_LIMIT = 0.10
+
+
+def _round_down(value: float, digits: int = 4) -> float:
+    """value rounded down to `digits` significant digits."""
+    scale = 10.0 ** (digits - 1 - math.floor(math.log10(value)))
+    return math.floor(value * scale) / scale
 
 
 class Architecture:
@@ -257,8 +263,8 @@ class AnGPT(Architecture):
         return 256.0
 
     def default_alpha_init(self, config) -> float:
-        """The papers' 0.05 while α·L stays within ALPHA_DEPTH_LIMIT, else ALPHA_DEPTH_LIMIT / L (0.12 / L), the
-        presets' rule for deep models (docs/architectures.md, "Deep models start with a smaller α")."""
+        """The papers' 0.05 while α·L stays within ALPHA_DEPTH_LIMIT, else ALPHA_DEPTH_LIMIT / L (0.10 / L)
+        (docs/architectures.md, "Deep models start with a smaller α")."""
         return min(PAPER_ALPHA_INIT, ALPHA_DEPTH_LIMIT / config.num_hidden_layers)
 
     def alpha_depth_warning(self, config) -> str | None:
@@ -266,14 +272,17 @@ class AnGPT(Architecture):
         product = config.alpha_init * layers
         if product <= ALPHA_DEPTH_LIMIT + 1e-9:
             return None
-        # Four digits, rounded down: a product just over the limit (0.0167 x 24 = 0.4008) must not read "0.4 > 0.4",
-        # and the largest value offered must itself pass this check.
-        largest = math.floor(ALPHA_DEPTH_LIMIT / layers * 1e4) / 1e4
-        return (f"anGPT with alpha_init={config.alpha_init:g} and {layers} layers: alpha_init x layers = {product:.4g} "
+        # A product just over the limit (0.0167 x 24 = 0.4008) must not read "0.4 is above 0.4", so it gets the
+        # digits that tell it apart; the values offered are rounded down to four significant digits so that each passes
+        # this check itself (0.1 / 24 = 0.0041667 shown as 0.004167 would be above the limit).
+        shown = next(text for text in (f"{product:.{digits}g}" for digits in range(4, 17))
+                     if text != f"{ALPHA_DEPTH_LIMIT:g}")
+        use = _round_down(self.default_alpha_init(config))
+        largest = _round_down(ALPHA_DEPTH_LIMIT / layers)
+        return (f"anGPT with alpha_init={config.alpha_init:g} and {layers} layers: alpha_init x layers = {shown} "
                 f"is above {ALPHA_DEPTH_LIMIT:g}, the limit a seed sweep of 24-layer anGPTs set (experiments/deep_alpha), "
-                f"and such runs tend to blow up in their first steps; use "
-                f"alpha_init={self.default_alpha_init(config):.4g} (the default at this depth; leave alpha_init unset "
-                f"to get it) or at most {largest:g}")
+                f"and such runs tend to blow up in their first steps; use alpha_init={use:g} (the default at this "
+                f"depth; leave alpha_init unset to get it)" + (f" or at most {largest:g}" if largest != use else ""))
 
     def blow_up_knobs(self, config) -> list[str]:
         return [f"alpha_init x layers = {config.alpha_init * config.num_hidden_layers:.4g} "

@@ -60,7 +60,7 @@ class AnGPTConfig(PreTrainedConfig):
         alpha_shape: `"vector"` (one α per hidden dimension) or `"scalar"` (one per sublayer) [flag].
         alpha_init: initial LERP weight α for nGPT/anGPT [flag]. `None` picks the architecture's: the papers' 0.05
             (the anGPT paper also mentions 0.01), except for an anGPT so deep that 0.05 × layers exceeds
-            architectures_angpt.ALPHA_DEPTH_LIMIT, which starts at 0.12 / layers as the presets from 12 layers do.
+            architectures_angpt.ALPHA_DEPTH_LIMIT (α·L = 0.10), which starts at 0.10 / layers.
             Training warns when a fresh anGPT has alpha_init × layers above that limit (docs/architectures.md,
             "Deep models start with a smaller α"). A value given, or stored in a checkpoint, is used as it is.
         alpha_abs: use |α| as the NVIDIA nGPT code does, instead of α with its sign [flag].

@@ -37,7 +37,8 @@ import results_file as rf  # noqa: E402
 import study  # noqa: E402
 
 SPIKE = 1.5  # a loss above 1.5x the first one counts as a blow-up even when the run recovers
-LEVELS = [0.12, 0.16, 0.20, 0.24, 0.28, 0.32, 0.36]  # between 0.12 (clean in 6 of 6 seeds) and 0.40 (5 of 6 failed)
+# below 0.40, where five seeds in six failed; from 0.04, a third of the presets' former 0.12
+LEVELS = [0.04, 0.06, 0.08, 0.10, 0.12, 0.16, 0.20, 0.24, 0.28, 0.32, 0.36]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,16 +76,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def model_file(args) -> pathlib.Path:
+def model_config(args) -> dict:
     """The config a user writes by hand: no alpha_init (the sweep adds one per level through model_kwargs)."""
+    return {"architecture": "angpt", "num_hidden_layers": args.layers, "hidden_size": args.hidden,
+            "num_attention_heads": args.heads}
+
+
+def model_file(args) -> pathlib.Path:
     path = pathlib.Path(args.output_dir) / "model.json"
-    path.write_text(json.dumps({"architecture": "angpt", "num_hidden_layers": args.layers,
-                                "hidden_size": args.hidden, "num_attention_heads": args.heads}))
+    path.write_text(json.dumps(model_config(args)))
     return path
 
 
 def run_name(spec: dict) -> str:
-    alpha = "default" if spec["alpha_init"] is None else f"{spec['alpha_init']:.6g}"
+    # a default run is named by the value the library's default resolves to, so a record made under an earlier default
+    # is not taken for one of the current default (records from before this key have the value as alpha_init_used)
+    default = spec.get("default_alpha", spec.get("alpha_init_used"))
+    alpha = f"default{default:.6g}" if spec["alpha_init"] is None else f"{spec['alpha_init']:.6g}"
     return f"L{spec['layers']}-a{alpha}-steps{spec['steps']}-s{spec['seed']}"
 
 
@@ -188,7 +196,13 @@ def outcome(record: dict) -> str:
 
 
 def specs_for(alpha_init, args) -> list[dict]:
-    return [{"layers": args.layers, "alpha_init": alpha_init, "steps": args.steps, "seed": seed}
+    """One spec per seed; alpha_init None means the library's default, recorded with the value it resolves to."""
+    extra = {}
+    if alpha_init is None:
+        from modeling_angpt import AnGPTConfig
+
+        extra["default_alpha"] = AnGPTConfig(**model_config(args)).alpha_init
+    return [{"layers": args.layers, "alpha_init": alpha_init, "steps": args.steps, "seed": seed, **extra}
             for seed in range(args.seeds)]
 
 
@@ -206,6 +220,16 @@ def sweep(args, cfg: dict, records: Records, pool) -> dict[float, list[dict]]:
             high = middle
         else:  # --report: the records leave this level undecided
             break
+    return tested
+
+
+def with_other_records(args, tested: dict[float, list[dict]], records: Records) -> dict[float, list[dict]]:
+    """The bisection's levels plus any other level of the grid the records hold runs of (an earlier bisection's, on
+    another grid), so the section shows every run made."""
+    for level in args.levels:
+        runs = [records.done[run_name(s)] for s in specs_for(level / args.layers, args) if run_name(s) in records.done]
+        if level not in tested and runs:
+            tested[level] = runs
     return tested
 
 
@@ -298,7 +322,8 @@ def main(argv=None) -> None:
             runs = run_seeds(specs_for(None, args), cfg, records, pool, stop_on_failure=False)
             section, default = check_section(args, runs, command), "deep_alpha_default"
         else:
-            section, default = sweep_section(args, sweep(args, cfg, records, pool), command), "deep_alpha_sweep"
+            tested = with_other_records(args, sweep(args, cfg, records, pool), records)
+            section, default = sweep_section(args, tested, command), "deep_alpha_sweep"
     print(section)
     if not args.no_write:
         rf.update_section(args.section or default, section, args.results)

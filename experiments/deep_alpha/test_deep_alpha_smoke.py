@@ -7,6 +7,8 @@ import json
 
 import pytest
 
+from modeling_angpt.architectures_angpt import ALPHA_DEPTH_LIMIT
+
 
 def smoke_args(experiment, tmp_path, *extra: str, override: tuple[str, ...] = ()) -> list[str]:
     out, _, corpus, recipe = experiment
@@ -35,7 +37,7 @@ def test_sweep_bisects_and_resumes(experiment, tmp_path, monkeypatch):
     deep_alpha.main(args)
     # --report writes what the records hold and trains nothing, not even where they decide nothing
     deep_alpha.main(smoke_args(experiment, tmp_path, "--report", "--output-dir", str(tmp_path / "empty")))
-    assert "Undecided: α·L = 0.24, 0 of 2 seeds run" in results.read_text()
+    assert "Undecided: α·L = 0.16, 0 of 2 seeds run" in results.read_text()
     monkeypatch.undo()
     # every run failing (a criterion no run can meet: the largest loss is at least the first): each level fails at
     # its first seed, whose second seed never starts, and the bisection goes down and never needs the highest level
@@ -56,9 +58,9 @@ def test_check_default_trains_the_config_without_alpha_init(experiment, tmp_path
     deep_alpha.main(smoke_args(experiment, tmp_path, "--check-default", "--layers", "12", "--seeds", "1",
                                "--output-dir", str(tmp_path / "default")))
     (run,) = records(tmp_path / "default")
-    assert run["alpha_init"] is None and run["alpha_init_used"] == pytest.approx(0.12 / 12)  # the depth rule
+    assert run["alpha_init"] is None and run["alpha_init_used"] == pytest.approx(ALPHA_DEPTH_LIMIT / 12)  # the depth rule
     text = results.read_text()
-    assert "<!-- deep_alpha_default:start -->" in text and "gets α init 0.01 (α·L = 0.12)" in text
+    assert "<!-- deep_alpha_default:start -->" in text and f"gets α init {ALPHA_DEPTH_LIMIT / 12:.6g} (α·L = {ALPHA_DEPTH_LIMIT:.3g})" in text
     assert "| 0 | yes |" in text or "| 0 | non-finite" in text
 
 

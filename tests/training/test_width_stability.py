@@ -96,15 +96,17 @@ DEEP = {"hidden_size": 256, "num_hidden_layers": 24}  # narrow and deep: the dep
 
 
 @pytest.mark.slow  # 12 s; make test checks the depth rule itself (tests/model/test_config.py) and the warning
-def test_deep_angpt_blows_up_with_the_default_alpha_and_trains_with_the_presets_depth_rule():
+def test_deep_angpt_blows_up_with_the_papers_alpha_and_trains_with_the_depth_rule():
     """Depth is the third cause (experiments/width_depth_stability/README.md): with no exact norm, each MLP sublayer
     maps ‖h‖ = x to about (1 − α)x + α·c·x², so a perturbation of the first steps compounds over the 2L sublayers and
     α·L decides. α init 0.05 (the former default at every depth) at 24 layers (α·L = 1.2) blows up within three steps
-    even at d = 256; the presets' rule for deep models, α init = 0.12/L, trains smoothly with the same data, seed and
-    recipe."""
+    even at d = 256; the default for deep models, α init = ALPHA_DEPTH_LIMIT / L (0.10 / L, the seed sweep's limit),
+    trains smoothly with the same data, seed and recipe."""
+    from modeling_angpt.architectures_angpt import ALPHA_DEPTH_LIMIT
+
     blown, _ = _train(steps=4, alpha_init=0.05, **DEEP)
     assert not all(math.isfinite(x) for x in blown) or max(blown) > 1.5 * blown[0], blown
-    losses, norms = _train(steps=8, alpha_init=0.12 / DEEP["num_hidden_layers"], **DEEP)
+    losses, norms = _train(steps=8, alpha_init=ALPHA_DEPTH_LIMIT / DEEP["num_hidden_layers"], **DEEP)
     assert all(math.isfinite(x) for x in losses) and max(losses) <= losses[0], losses
     assert max(norms) < 4.0, norms
 
@@ -133,14 +135,17 @@ def test_the_depth_warning_fires_above_the_sweeps_limit_and_not_at_it(layers):
     assert alpha_depth_warning(config(ALPHA_DEPTH_LIMIT / layers)) is None  # at the limit
     assert alpha_depth_warning(config(0.5 * ALPHA_DEPTH_LIMIT / layers)) is None
     assert alpha_depth_warning(AnGPTConfig(architecture="angpt", num_hidden_layers=layers)) is None  # the default
-    for alpha in (1.001 * ALPHA_DEPTH_LIMIT / layers, 2 * ALPHA_DEPTH_LIMIT / layers, 0.05 * 24 / layers):
+    for alpha in (1.001 * ALPHA_DEPTH_LIMIT / layers, 2 * ALPHA_DEPTH_LIMIT / layers, 0.05 * 24 / layers,
+                  ALPHA_DEPTH_LIMIT / layers * (1 + 1e-5)):  # reads as the limit to four digits
         message = alpha_depth_warning(config(alpha))
         assert message is not None and "\n" not in message, alpha
         assert f"alpha_init={alpha:g} and {layers} layers" in message
-        assert f"alpha_init x layers = {alpha * layers:.4g} is above {ALPHA_DEPTH_LIMIT:g}" in message
-        assert f"{alpha * layers:.4g}" != f"{ALPHA_DEPTH_LIMIT:g}", message  # never "0.4 is above 0.4"
+        shown = re.search(r"alpha_init x layers = ([0-9.e-]+) is above ([0-9.e-]+),", message)
+        assert float(shown.group(1)) == pytest.approx(alpha * layers, rel=1e-3), message
+        assert shown.group(1) != shown.group(2) == f"{ALPHA_DEPTH_LIMIT:g}", message  # never "0.1 is above 0.1"
         use = float(re.search(r"use alpha_init=([0-9.e-]+)", message).group(1))
-        largest = float(re.search(r"at most ([0-9.e-]+)", message).group(1))
+        largest = re.search(r"at most ([0-9.e-]+)", message)  # absent where it equals the default's value
+        largest = float(largest.group(1)) if largest else use
         assert use == pytest.approx(AnGPTConfig(architecture="angpt", num_hidden_layers=layers).alpha_init, rel=1e-3)
         for offered in (use, largest):
             assert alpha_depth_warning(config(offered)) is None, offered
@@ -153,12 +158,12 @@ def test_training_warns_before_building_a_deep_angpt_with_the_papers_alpha():
     from modeling_angpt.training.model_setup import build_config
 
     with pytest.warns(UserWarning, match=r"alpha_init=0.05 and 24 layers: alpha_init x layers = 1.2 is above .* use "
-                                         r"alpha_init=0.005 "):
+                                         r"alpha_init=0.004166 "):
         build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24, "alpha_init": 0.05}))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24}))  # the depth rule's α
-        build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24, "alpha_init": 0.005}))
+        build_config(Recipe(model="angpt-tiny", model_kwargs={"num_hidden_layers": 24, "alpha_init": 0.004}))
         build_config(Recipe(model="angpt-tiny", architecture="ngpt", model_kwargs={"num_hidden_layers": 24}))
 
 
