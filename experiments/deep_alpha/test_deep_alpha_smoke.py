@@ -58,9 +58,11 @@ def test_check_default_trains_the_config_without_alpha_init(experiment, tmp_path
     deep_alpha.main(smoke_args(experiment, tmp_path, "--check-default", "--layers", "12", "--seeds", "1",
                                "--output-dir", str(tmp_path / "default")))
     (run,) = records(tmp_path / "default")
-    assert run["alpha_init"] is None and run["alpha_init_used"] == pytest.approx(ALPHA_DEPTH_LIMIT / 12)  # the depth rule
+    assert run["alpha_init"] is None
+    assert run["alpha_init_used"] == pytest.approx(ALPHA_DEPTH_LIMIT / 12)  # the depth rule
     text = results.read_text()
-    assert "<!-- deep_alpha_default:start -->" in text and f"gets α init {ALPHA_DEPTH_LIMIT / 12:.6g} (α·L = {ALPHA_DEPTH_LIMIT:.3g})" in text
+    assert "<!-- deep_alpha_default:start -->" in text
+    assert f"gets α init {ALPHA_DEPTH_LIMIT / 12:.6g} (α·L = {ALPHA_DEPTH_LIMIT:.3g})" in text
     assert "| 0 | yes |" in text or "| 0 | non-finite" in text
 
 

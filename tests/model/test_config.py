@@ -85,7 +85,8 @@ def test_alpha_init_default_follows_the_depth_rule():
     for layers in range(1, 49):
         alpha = AnGPTConfig(architecture="angpt", num_hidden_layers=layers, hidden_size=32, num_attention_heads=2).alpha_init
         assert alpha * layers <= ALPHA_DEPTH_LIMIT + 1e-9, layers
-        assert alpha == pytest.approx(0.05 if 0.05 * layers <= ALPHA_DEPTH_LIMIT + 1e-9 else ALPHA_DEPTH_LIMIT / layers), layers
+        shallow = 0.05 * layers <= ALPHA_DEPTH_LIMIT + 1e-9
+        assert alpha == pytest.approx(0.05 if shallow else ALPHA_DEPTH_LIMIT / layers), layers
     assert AnGPTConfig(architecture="angpt", num_hidden_layers=2).alpha_init == 0.05  # the paper's, shallow
     assert AnGPTConfig(architecture="ngpt", num_hidden_layers=24).alpha_init == 0.05
 
