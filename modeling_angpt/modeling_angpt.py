@@ -50,13 +50,11 @@ def accepts_old_cache_name(forward):
     @functools.wraps(forward)
     def wrapper(self, *args, **kwargs):
         if "past_key_values" in kwargs:
-            old = kwargs.pop("past_key_values")
-            if kwargs.get("cache") is not None and old is not None and kwargs["cache"] is not old:
-                raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
+            cache = cache_argument(kwargs.pop("past_key_values"), kwargs)  # raises when both name other caches
             if OUTPUT_CACHE_FIELD == "cache" and not torch.compiler.is_compiling():
                 warnings.warn("`past_key_values` is deprecated: pass the KV cache as `cache`", FutureWarning,
                               stacklevel=2)
-            kwargs["cache"] = kwargs.get("cache") if old is None else old
+            kwargs["cache"] = cache
         return forward(self, *args, **kwargs)
 
     return wrapper

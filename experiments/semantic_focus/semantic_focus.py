@@ -98,7 +98,7 @@ def one_run(job: dict) -> dict:
         if not summary.get("stopped_at_deadline") and (stopped_early or summary["epochs_budget"] >= job["epochs"]):
             summary["history"] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
             if "baselines" not in summary:  # a run from before summaries carried them: the same split's baselines
-                summary["baselines"] = split_baselines(job)
+                summary["baselines"] = job_baselines(job)
             return {**job, **summary, "reused": True}
         if not (out / "resume.pt").exists():
             raise ValueError(f"{out} holds a finished {summary['epochs_budget']}-epoch run without resume.pt, which "
@@ -116,14 +116,13 @@ def one_run(job: dict) -> dict:
     return {**job, **summary, "reused": False, "epochs_earlier": earlier}
 
 
-def split_baselines(job: dict) -> dict:
+def job_baselines(job: dict) -> dict:
     """The held-out trivial baselines of a job's split (what run_protocol writes into summary.json)."""
     from modeling_angpt.evaluation.semantic_focus import build_splits
-    from modeling_angpt.evaluation.semantic_focus.baselines import trivial_baselines
+    from modeling_angpt.evaluation.semantic_focus.baselines import split_baselines
 
-    splits = build_splits(job["task"], seed=job["seed"], n_train=job["n_train"], n_heldout=job["n_heldout"],
-                          **job["task_kwargs"])
-    return trivial_baselines(*(zip(splits[name]["input_ids"], splits[name]["label"]) for name in ("train", "heldout")))
+    return split_baselines(build_splits(job["task"], seed=job["seed"], n_train=job["n_train"],
+                                        n_heldout=job["n_heldout"], **job["task_kwargs"]))
 
 
 def _median(values):

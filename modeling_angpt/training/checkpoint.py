@@ -2,8 +2,9 @@
 
 A checkpoint is OUTPUT_DIR/checkpoints/step_XXXXXXX holding what `Accelerator.save_state` writes (model,
 optimizer, scheduler, every rank's RNG states) plus trainer_state.json (step, batches consumed, data
-epoch, loss history) and, for a stream, each rank's position in it (data_state_<rank>.pt). It is first written to a hidden temp dir and renamed into place (os.replace is
-atomic on POSIX), so a run killed while saving never leaves a half checkpoint that --resume would pick.
+epoch, loss history) and, for a stream, each rank's position in it (data_state_<rank>.pt). It is first
+written to a hidden temp dir and renamed into place (os.replace is atomic on POSIX), so a run killed while
+saving never leaves a half checkpoint that --resume would pick.
 """
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def data_state_file(path: Path, rank: int) -> Path:
     return Path(path) / f"data_state_{rank}.pt"
 
 
-def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None, data_state: dict | None = None) -> Path:
+def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None,
+                    data_state: dict | None = None) -> Path:
     """Every rank must call this (save_state writes per-rank RNG files into the shared directory). `data_state` is
     this rank's position in a stream (train_loader.loader_state), when its data has one."""
     final = checkpoint_path(output_dir, state["step"])

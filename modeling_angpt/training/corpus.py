@@ -83,10 +83,14 @@ def default_cache_dir(source: DataSource) -> Path:
     return Path(os.environ.get("ANGPT_CACHE", Path.home() / ".cache" / "angpt"))
 
 
+def separator(builder: str) -> str:
+    """What follows each document: paragraph rows lost their blank line; whole documents end with EOS so the model
+    learns boundaries."""
+    return "\n\n" if builder == "text" else EOS
+
+
 def _with_separators(texts, builder: str) -> list[str]:
-    # Paragraph rows lost their blank line; whole documents end with EOS so the model learns boundaries.
-    suffix = "\n\n" if builder == "text" else EOS
-    return [t + suffix for t in texts if t]
+    return [t + separator(builder) for t in texts if t]
 
 
 def _source_fingerprint(source: DataSource, recipe) -> dict:

@@ -10,6 +10,7 @@ overwritten.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import DataSource, _source_fingerprint, _with_separators, default_cache_dir, resolve_source
+from .corpus import DataSource, _source_fingerprint, _with_separators, default_cache_dir, resolve_source, separator
 from .shards import (FORMAT, FORMAT_VERSION, MANIFEST, TOKENIZER_DIR, PreparedDataError, held_out, read_manifest,
                      token_dtype, tokenizer_hash)
 
@@ -174,16 +175,22 @@ def _encoder(path: Path):
     return lambda texts: tokenizer(texts, add_special_tokens=False)["input_ids"], len(tokenizer)
 
 
+@functools.lru_cache(maxsize=1)
+def _unit_context(recipe_json: str, output: str):
+    """(recipe, source, corpus, encode, dtype) for the units of one prepare: loaded once per process, not per unit."""
+    from .recipe import recipe_from_dict
+
+    recipe = recipe_from_dict(json.loads(recipe_json))
+    source = resolve_source(recipe.dataset)
+    encode, vocab_size = _encoder(Path(output) / TOKENIZER_DIR)
+    return recipe, source, _load_corpus(recipe, source), encode, token_dtype(vocab_size)
+
+
 def prepare_unit(recipe_values: dict, output: str, unit: tuple[int, int, int]) -> dict:
     """One work unit, in a worker process: its rows tokenised into train-/val-UNIT.bin and a record."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one core per worker: N workers use N cores
-    from .recipe import recipe_from_dict
-
-    recipe, output = recipe_from_dict(recipe_values), Path(output)
-    source = resolve_source(recipe.dataset)
-    ds = _load_corpus(recipe, source)
-    encode, vocab_size = _encoder(output / TOKENIZER_DIR)
-    dtype = token_dtype(vocab_size)
+    recipe, source, ds, encode, dtype = _unit_context(json.dumps(recipe_values, sort_keys=True), output)
+    output = Path(output)
     index, start, stop = unit
     writers = {split: _ShardWriter(output, f"{split}-{index:05d}.bin", split) for split in ("train", "val")}
     for texts in _rows(recipe, ds, start, stop):
@@ -204,6 +211,7 @@ def _run_units(recipe, output: Path, pending: list, num_proc: int, progress) -> 
         for unit in pending:
             prepare_unit(recipe.to_dict(), str(output), unit)
             progress(1)
+        _unit_context.cache_clear()  # this process keeps no corpus once the prepare is done
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -292,7 +300,7 @@ def _write_manifest(recipe, output: Path, source: DataSource, identity: dict, to
                 "tokenizer": {"name": recipe.tokenizer or f"byte-level BPE ({len(tokenizer)} tokens, trained on the "
                                                           "corpus)", "sha256": tokenizer_hash(tokenizer),
                               "vocab_size": len(tokenizer), "eos_token_id": tokenizer.eos_token_id},
-                "dtype": dtype.name, "separator": _with_separators(["x"], source.builder)[0][1:],
+                "dtype": dtype.name, "separator": separator(source.builder),
                 "data_seed": recipe.data_seed, "validation_fraction": recipe.validation_fraction,
                 "totals": totals, "shards": shards}
     _write_json(output / MANIFEST, manifest)

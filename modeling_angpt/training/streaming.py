@@ -10,15 +10,32 @@ Validation is the first `validation_blocks` blocks of the held-out documents (sh
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 
-from .corpus import _with_separators
+from .corpus import separator
 from .shards import held_out
 
 
-def _separated(text: str, builder: str) -> str:
-    return _with_separators([text], builder)[0]
+def _texts(ds, column: str, data_seed: int, fraction: float, validation: bool):
+    """The non-empty documents of one side of the held-out split, in stream order."""
+    for row in ds:
+        text = row[column]
+        if text and held_out(text, data_seed, fraction) == validation:
+            yield text
+
+
+def _pack(texts, tokenizer, builder: str, size: int, buffer: list[int]):
+    """Blocks of `size` token ids from `texts`, each document followed by its separator. `buffer` holds the tokens
+    read but not yet packed and is updated in place, before each block is handed out (PackedStream saves it)."""
+    for text in texts:
+        buffer += tokenizer(text + separator(builder), add_special_tokens=False)["input_ids"]
+        while len(buffer) >= size:
+            block = buffer[:size]
+            del buffer[:size]
+            yield block
 
 
 class PackedStream(torch.utils.data.IterableDataset):
@@ -36,14 +53,9 @@ class PackedStream(torch.utils.data.IterableDataset):
             self._buffer, self._resume = list(self._resume["buffer"]), None
         else:
             self._buffer = []
-        for row in self.ds:
-            text = row[self.column]
-            if not text or held_out(text, self.data_seed, self.fraction):
-                continue
-            self._buffer += self.tokenizer(_separated(text, self.builder), add_special_tokens=False)["input_ids"]
-            while len(self._buffer) >= self.block_size:
-                block, self._buffer = self._buffer[: self.block_size], self._buffer[self.block_size:]
-                yield {"input_ids": torch.tensor(block, dtype=torch.long)}
+        texts = _texts(self.ds, self.column, self.data_seed, self.fraction, validation=False)
+        for block in _pack(texts, self.tokenizer, self.builder, self.block_size, self._buffer):
+            yield {"input_ids": torch.tensor(block, dtype=torch.long)}
 
     def state_dict(self) -> dict:
         """Where the stream stands after the last block handed out (called by StatefulDataLoader)."""
@@ -55,17 +67,9 @@ class PackedStream(torch.utils.data.IterableDataset):
 
 def validation_blocks(ds, tokenizer, recipe, builder: str) -> np.ndarray:
     """[n, block_size] token ids: the first `recipe.validation_blocks` blocks of the held-out documents."""
-    buffer, blocks, size = [], [], recipe.block_size
-    for row in ds:
-        text = row[recipe.text_column]
-        if not text or not held_out(text, recipe.data_seed, recipe.validation_fraction):
-            continue
-        buffer += tokenizer(_separated(text, builder), add_special_tokens=False)["input_ids"]
-        while len(buffer) >= size and len(blocks) < recipe.validation_blocks:
-            blocks.append(buffer[:size])
-            buffer = buffer[size:]
-        if len(blocks) == recipe.validation_blocks:
-            break
+    size = recipe.block_size
+    texts = _texts(ds, recipe.text_column, recipe.data_seed, recipe.validation_fraction, validation=True)
+    blocks = list(itertools.islice(_pack(texts, tokenizer, builder, size, []), recipe.validation_blocks))
     if not blocks:
         raise ValueError(f"recipe key dataset={recipe.dataset!r}: the stream's held-out documents "
                          f"(validation_fraction={recipe.validation_fraction}) do not fill one block of "

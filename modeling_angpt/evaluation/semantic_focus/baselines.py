@@ -56,4 +56,10 @@ def trivial_baselines(train, heldout) -> dict:
             "one_position": {"position": position, "train_acc": fit, "heldout_acc": _accuracy(rule, heldout, position)}}
 
 
-__all__ = ["trivial_baselines"]
+def split_baselines(splits) -> dict:
+    """trivial_baselines of a `build_splits` DatasetDict, on its token ids."""
+    return trivial_baselines(*(zip(splits[name]["input_ids"], splits[name]["label"])
+                               for name in ("train", "heldout")))
+
+
+__all__ = ["split_baselines", "trivial_baselines"]

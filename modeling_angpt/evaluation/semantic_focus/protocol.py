@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ...training.run_lock import holding_output_dir
-from .baselines import trivial_baselines
+from .baselines import split_baselines
 from .tasks import build_splits, get_task
 from .tokenizer import build_tokenizer
 
@@ -276,7 +276,7 @@ def run_protocol(task: str, output_dir: str | os.PathLike | None, *, seed: int =
 
     splits = build_splits(task, seed=seed, n_train=n_train, n_heldout=n_heldout, **(task_kwargs or {}))
     tokenizer = build_tokenizer(task)
-    baselines = trivial_baselines(*(zip(splits[name]["input_ids"], splits[name]["label"]) for name in ("train", "heldout")))
+    baselines = split_baselines(splits)
     log(f"[{task}] held-out baselines: majority class {baselines['majority_class']['heldout_acc']:.3f}, one position "
         f"({baselines['one_position']['position']}) {baselines['one_position']['heldout_acc']:.3f}")
     longest = max([len(row) for name in ("train", "heldout") for row in splits[name]["input_ids"]], default=1)
