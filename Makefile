@@ -56,7 +56,8 @@ test-experiments: $(STAMP)
 # distribution of the installed transformers (pip downloads it once into ~/.cache/angpt; docs/transformers-compat.md).
 # One process, about 3 minutes on 2 cores.
 test-transformers: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -p no:xdist -p no:cacheprovider -m transformers_common -rs \
+	ANGPT_REQUIRE_TRANSFORMERS_TESTS=1 $(VENV)/bin/python -m pytest -q -p no:xdist -p no:cacheprovider \
+		-m transformers_common -rs \
 		-W ignore::pytest.PytestUnknownMarkWarning tests/contract/test_transformers_common.py
 
 # Speed and memory benchmarks (bench/README.md), on a quiet machine: figures into docs/results/benchmarks.md, plots

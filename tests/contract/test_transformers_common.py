@@ -13,6 +13,7 @@ checks the two agree.
 """
 from __future__ import annotations
 
+import os
 import unittest
 
 import pytest
@@ -70,6 +71,9 @@ if __name__ != "__main__":
     try:
         common, config_common, MISSING = load(transformers.__version__)
     except RuntimeError as error:
+        # a plain pytest run offline skips them; `make test-transformers` (CI) exists to run them, so it fails
+        if os.environ.get("ANGPT_REQUIRE_TRANSFORMERS_TESTS"):
+            pytest.fail(str(error), pytrace=False)
         pytest.skip(str(error), allow_module_level=True)
 
     from transformers.models.auto import modeling_auto
