@@ -42,7 +42,9 @@ def test_folded_checkpoint_is_refused(write_recipe, tmp_path, capsys):
 
 
 def test_cli_entry_point_reports_a_missing_recipe_file(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "modeling_angpt.cli", "train", str(tmp_path / "nope.yaml")],
+    # as the `angpt` console script starts (angpt_cli.py): the check runs before torch or transformers is imported
+    entry = "import sys; from angpt_cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", entry, "train", str(tmp_path / "nope.yaml")],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"angpt train: error: recipe file not found: {tmp_path / 'nope.yaml'}"
