@@ -29,13 +29,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, row_scale=None) -> torch.Tenso
     return F.linear(x, weight * row_scale)
 
 
-class RowScaledLinear(nn.Linear):
-    """nn.Linear whose call takes an optional `row_scale` (see `linear`). Calling the module rather than reading
-    its `.weight` is what lets FSDP2 gather a weight that lives in its own shard unit (accelerate puts the LM head
-    in one)."""
+def is_plain_linear(module: nn.Module) -> bool:
+    """A bias-free `nn.Linear` exactly, holding a plain weight and no hooks: reading its `.weight` computes what
+    calling it would. Anything else (a PEFT LoRA layer, a bitsandbytes or torchao quantized layer, vLLM's layers,
+    an FSDP2 shard unit, a module with hooks) must be called, or it silently does nothing."""
+    return (type(module) is nn.Linear and module.bias is None and type(module.weight) is nn.Parameter
+            and not module._forward_hooks and not module._forward_pre_hooks)
 
-    def forward(self, x: torch.Tensor, row_scale=None) -> torch.Tensor:
-        return linear(x, self.weight, row_scale)
+
+def project(module: nn.Module, x: torch.Tensor, row_scale=None) -> torch.Tensor:
+    """The projection `module` applied to x, its output rows scaled by `row_scale` (None, a float or a tensor [out]).
+
+    Layers are called, never read (docs/architectures.md, "Where the constants are applied"): whatever replaced or
+    wrapped the projection takes effect, and the scale multiplies its output. Only for a plain nn.Linear does the
+    scale go onto the weight instead (`linear`: out·in multiplies instead of B·T·out, the same product).
+    """
+    if is_plain_linear(module):
+        return linear(x, module.weight, row_scale)
+    output = module(x)
+    if row_scale is None or (not isinstance(row_scale, torch.Tensor) and row_scale == 1.0):
+        return output
+    if isinstance(row_scale, torch.Tensor):
+        row_scale = row_scale.to(output.dtype)
+    return output * row_scale
 
 
 class RMSNorm(nn.Module):

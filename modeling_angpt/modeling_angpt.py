@@ -30,7 +30,7 @@ from .architectures_angpt import get_architecture
 from .attention_angpt import (AttentionLayout, check_attention_backend_once, eager_attention_forward,
                               get_attention_function, positions_from_padding, uses_layout)
 from .configuration_angpt import AnGPTConfig
-from .layers_angpt import RowScaledLinear, linear
+from .layers_angpt import project
 from .logit_transforms_angpt import LOGIT_TRANSFORMS
 from .pretrained_angpt import AnGPTPreTrainedModel, CheckpointMismatchError  # noqa: F401 (public names)
 from .rotary_angpt import ROPE_TYPES, compute_inv_freq
@@ -184,7 +184,7 @@ class AnGPTAttention(nn.Module):
         kv_heads = (batch, length, self.num_key_value_heads, self.head_dim)
         query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
         key = self.k_norm(self.k_proj(hidden_states).view(kv_heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
-        value = linear(hidden_states, self.v_proj.weight, self.nu_v).view(kv_heads).transpose(1, 2)
+        value = project(self.v_proj, hidden_states, self.nu_v).view(kv_heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = apply_rotary(query, key, *position_embeddings)
         if self.qk_scale is not None:  # s_qk after RoPE: one per key channel, shared by the query heads reading it
@@ -205,7 +205,7 @@ class AnGPTAttention(nn.Module):
                                  dropout=self.config.attention_dropout if self.training else 0.0, **kwargs)
         output = output.reshape(batch, length, -1)
         scale = self.nu_o if output_scale is None else output_scale * self.nu_o
-        return linear(output, self.o_proj.weight, scale), weights
+        return project(self.o_proj, output, scale), weights
 
 
 class AnGPTMLP(nn.Module):
@@ -227,9 +227,9 @@ class AnGPTMLP(nn.Module):
         up_scale, gate_scale = self.nu_up, self.nu_gate
         if self.up_scale is not None:
             up_scale, gate_scale = self.up_scale() * up_scale, self.gate_scale() * gate_scale
-        hidden = linear(x, self.up_proj.weight, up_scale) * nn.functional.silu(linear(x, self.gate_proj.weight, gate_scale))
+        hidden = project(self.up_proj, x, up_scale) * nn.functional.silu(project(self.gate_proj, x, gate_scale))
         down_scale = self.nu_down if output_scale is None else output_scale * self.nu_down
-        return linear(hidden, self.down_proj.weight, down_scale)
+        return project(self.down_proj, hidden, down_scale)
 
 
 class AnGPTDecoderLayer(GradientCheckpointingLayer):
@@ -358,27 +358,15 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)
         self.model = AnGPTModel(config)
-        self.lm_head = RowScaledLinear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.logit_scale = get_architecture(config).logit_scale(config)  # s_z
         self.post_init()
-
-    def set_output_embeddings(self, new_embeddings: nn.Module) -> None:
-        """transformers' resize_token_embeddings builds a plain nn.Linear head: keep its weight in a RowScaledLinear,
-        whose call takes s_z (output_logits). The wrapper keeps transformers' initialised mark, so a later
-        post_init() leaves the resized rows as they are."""
-        if type(new_embeddings) is nn.Linear:
-            head = RowScaledLinear(new_embeddings.in_features, new_embeddings.out_features, bias=False, device="meta")
-            head.weight = new_embeddings.weight
-            if getattr(new_embeddings, "_is_hf_initialized", False):
-                head._is_hf_initialized = True
-            new_embeddings = head
-        self.lm_head = new_embeddings
 
     def output_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """The LM head on final hidden states [b, t, d] -> [b, t, V] (s_z applied): callers that need logits
         for a slice of positions at a time (long-context losses) call it on their own slices."""
         s_z = None if self.logit_scale is None else self.logit_scale()
-        return self.lm_head(hidden_states, s_z)  # the module, so FSDP gathers its sharded weight
+        return project(self.lm_head, hidden_states, s_z)  # called when wrapped (FSDP2, LoRA, quantized)
 
     @accepts_old_cache_name
     @can_return_tuple
