@@ -32,7 +32,8 @@ from .attention_angpt import (AttentionLayout, check_attention_backend_once, eag
 from .configuration_angpt import AnGPTConfig
 from .layers_angpt import project
 from .logit_transforms_angpt import LOGIT_TRANSFORMS
-from .pretrained_angpt import AnGPTPreTrainedModel, CheckpointMismatchError  # noqa: F401 (public names)
+from .pretrained_angpt import (AnGPTPreTrainedModel, CheckpointMismatchError,  # noqa: F401 (public names)
+                               check_logits_need_no_head)
 from .rotary_angpt import ROPE_TYPES, compute_inv_freq
 
 
@@ -270,6 +271,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
 
     def __init__(self, config: AnGPTConfig) -> None:
         super().__init__(config)
+        check_logits_need_no_head(config)  # a runtime that builds this base model alone (vLLM) computes the logits
         arch = get_architecture(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleList(AnGPTDecoderLayer(config, i) for i in range(config.num_hidden_layers))

@@ -17,6 +17,26 @@ from .folding_angpt import fold_model
 from .layers_angpt import Gain, RMSNorm, Scale
 
 
+# The Auto class -> model class entries a remote-code checkpoint's auto_map carries (the classes of modeling_angpt.py).
+AUTO_CLASSES = {"AutoModel": "AnGPTModel", "AutoModelForCausalLM": "AnGPTForCausalLM",
+                "AutoModelForSequenceClassification": "AnGPTForSequenceClassification"}
+
+
+# Runtimes that build the base model alone and compute the logits themselves, as lm_head(h) × config.logit_scale; each
+# names itself in config._attn_implementation (vLLM's Transformers backend sets "vllm").
+RUNTIMES_WITH_THEIR_OWN_HEAD = ("vllm",)
+
+
+def check_logits_need_no_head(config) -> None:
+    """Refuse, in one line, a runtime that computes logits without our causal-LM head when the model's logits need
+    it: the training form of nGPT/anGPT multiplies them by the learned s_z there (docs/tools.md, "vLLM")."""
+    runtime = config._attn_implementation
+    if runtime in RUNTIMES_WITH_THEIR_OWN_HEAD and get_architecture(config).logit_scale(config) is not None:
+        raise ValueError(f"attn_implementation={runtime!r} computes logits as lm_head(h) x config.logit_scale, without "
+                         f"the learned per-token logit scale s_z of this {config.architecture} training checkpoint; "
+                         "serve the folded checkpoint instead (`angpt export SRC DST` folds s_z into lm_head)")
+
+
 class CheckpointMismatchError(RuntimeError, ValueError):
     """A checkpoint tensor whose shape differs from the model's: a RuntimeError as transformers raises it, and a
     ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
@@ -71,6 +91,15 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             raise ValueError(f"checkpoint {source} does not match its config ({len(missing)} tensors): "
                              + "; ".join(missing[:8]))
         return (model, info) if wants_info else model
+
+    def save_pretrained(self, *args, **kwargs):
+        """transformers' saving; a checkpoint saved for remote code names every Auto class in `auto_map`, not only
+        the saving class's (transformers writes that one alone), because runtimes load the class they need: vLLM
+        builds the base model with `AutoModel` (docs/tools.md, "vLLM")."""
+        if self._auto_class is not None:
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
+                                    **{auto: f"modeling_angpt.{name}" for auto, name in AUTO_CLASSES.items()}}
+        return super().save_pretrained(*args, **kwargs)
 
     def train(self, mode: bool = True):
         if mode and getattr(self.config, "folded", False):
