@@ -108,7 +108,7 @@ def block_mask_costs(args, transform: str, sparsity: str) -> dict:
     one unpadded row of args.length tokens alone, for each of MASK_CHUNKS: the eager work a FlexAttention forward
     does once, before its layers (from the layout AnGPTModel.forward builds for it)."""
     from modeling_angpt import flex_angpt
-    from modeling_angpt.attention_angpt import AttentionLayout
+    from modeling_angpt.attention_layout_angpt import AttentionLayout
 
     device = torch.device(args.device)
     config = model_config(args, transform, sparsity)

@@ -22,16 +22,13 @@ If the compiler still fails, the caller gets None after one warning and runs the
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
 
 import torch
 from torch.fx.experimental import _config as shape_config
 
+from .attention_layout_angpt import AttentionLayout
 from .logit_transforms_angpt import LOGIT_TRANSFORMS, head_tensor
 from .sparsity_angpt import support
-
-if TYPE_CHECKING:
-    from .attention_angpt import AttentionLayout
 
 BLOCK = 128  # FlexAttention's default sparse block size (queries and keys)
 MIN_POSITIONS, MIN_ROWS = 1024, 8  # smallest capacities of the captured tensors

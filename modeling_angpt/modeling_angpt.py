@@ -27,13 +27,15 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
-from .attention_angpt import (AttentionLayout, check_attention_backend_once, eager_attention_forward,
-                              get_attention_function, positions_from_padding, uses_layout)
+from .attention_angpt import check_attention_backend_once, eager_attention_forward, get_attention_function, uses_layout
+from .attention_layout_angpt import AttentionLayout, positions_from_padding
 from .configuration_angpt import AnGPTConfig
 from .layers_angpt import project
 from .logit_transforms_angpt import LOGIT_TRANSFORMS
 from .pretrained_angpt import (AnGPTPreTrainedModel, CheckpointMismatchError,  # noqa: F401 (public names)
                                check_logits_need_no_head)
+from .paged_angpt import (check_paged_support, is_paged, paged_attention_function, paged_layout,
+                          update_paged_cache)
 from .rotary_angpt import ROPE_TYPES, compute_inv_freq
 
 
@@ -193,7 +195,10 @@ class AnGPTAttention(nn.Module):
             query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
         if self.query_gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
             query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
-        if past_key_values is not None:
+        paged = is_paged(past_key_values)  # continuous batching (paged_angpt.py)
+        if paged:
+            key, value = update_paged_cache(past_key_values, key, value, self.layer_idx, kwargs)
+        elif past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
         if self.logn_scale is not None:  # LogN as a query scaling, so every kernel runs it (docs/attention.md)
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
@@ -202,6 +207,8 @@ class AnGPTAttention(nn.Module):
         # the registered backend (AnGPTModel.forward checked that it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)
+        if paged:  # transformers' function, which reads the paged batch's keyword arguments
+            attend = paged_attention_function(self.config)
         output, weights = attend(self, query, key, value, attention_mask, scaling=self.scaling,
                                  dropout=self.config.attention_dropout if self.training else 0.0, **kwargs)
         output = output.reshape(batch, length, -1)
@@ -293,6 +300,8 @@ class AnGPTModel(AnGPTPreTrainedModel):
                 inputs_embeds=None, use_cache: bool | None = None,
                 **kwargs: Unpack[TransformersKwargs]) -> BaseModelOutputWithPast:
         past_key_values = cache
+        if is_paged(past_key_values):  # continuous batching: its manager prepared the batch (paged_angpt.py)
+            return self.paged_forward(input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, **kwargs)
         check_attention_backend_once(self.config)  # raises if the backend cannot compute this attention variant
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
@@ -335,6 +344,21 @@ class AnGPTModel(AnGPTPreTrainedModel):
                                   attention_layout=layout, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states),
                                        **{OUTPUT_CACHE_FIELD: past_key_values})
+
+    def paged_forward(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, **kwargs):
+        """Continuous batching: one flattened row of every request's new tokens, their positions, the paged cache and
+        the mask come from transformers' batching manager; attention runs on transformers' functions
+        (paged_angpt.py; docs/tools.md, "continuous batching")."""
+        check_paged_support(self.config, self.layers[0].self_attn.is_causal)  # one line for what it cannot compute
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        position_embeddings = None
+        if self.rotary_emb.inv_freq.numel():
+            position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        layout = paged_layout(position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask=attention_mask, position_embeddings=position_embeddings,
+                                  past_key_values=cache, position_ids=position_ids, attention_layout=layout, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: cache})
 
 
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):

@@ -4,7 +4,7 @@ behaviour keyed by `config.attention_sparsity` (`register_sparsity`).
 A pattern is input-agnostic (elementwise over positions: every backend runs it, as a mask block, a dense SDPA mask
 or a FlexAttention `mask_mod`); a `select` is input-dependent, on the logits (eager and chunked eager only).
 `support` combines causality, padding, packing and the pattern; the eager backends and FlexAttention both call it
-(attention_angpt.AttentionLayout.visible, flex_angpt.mods). Nothing here branches on tensor values, so a forward
+(attention_layout_angpt.AttentionLayout.visible, flex_angpt.mods). Nothing here branches on tensor values, so a forward
 exports and compiles with fullgraph=True.
 """
 from __future__ import annotations

@@ -204,7 +204,7 @@ def editing_past(length: int, channels: list[int], factor: float = 0.0, shuffle:
     from transformers.integrations.sdpa_attention import repeat_kv
 
     import modeling_angpt.attention_angpt as attention
-    from modeling_angpt.attention_angpt import every_row
+    from modeling_angpt.attention_layout_angpt import every_row
 
     generator = torch.Generator().manual_seed(seed)
 

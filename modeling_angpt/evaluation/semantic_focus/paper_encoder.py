@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ...attention_angpt import eager_attention_forward
-from ...attention_angpt import AttentionLayout
+from ...attention_layout_angpt import AttentionLayout
 
 ACTIVATIONS = {"relu": nn.ReLU, "gelu": nn.GELU, "mish": nn.Mish}  # the paper's three
 
