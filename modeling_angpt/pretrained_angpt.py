@@ -42,6 +42,27 @@ class CheckpointMismatchError(RuntimeError, ValueError):
     ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
 
 
+def _adapter_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules an adapter added: inside every layer that wraps a `base_layer` (PEFT's tuner layers: LoRA,
+    IA³, ...), all but the base layer's own. Found by that attribute, as PEFT names it, so that a model file needs
+    no PEFT import."""
+    added = []
+    for wrapper in model.modules():
+        base = getattr(wrapper, "base_layer", None)
+        if isinstance(base, nn.Module) and wrapper is not base:
+            kept = set(map(id, base.modules()))
+            added += [m for m in wrapper.modules() if m is not wrapper and id(m) not in kept]
+    return added
+
+
+def _is_float_matrix(weight) -> bool:
+    """False for a weight a quantization tool stores in its own format (bitsandbytes' Int8Params/Params4bit hold
+    integers, torchao's a tensor subclass): no optimiser step moves it, and dividing its storage would corrupt it.
+    FSDP2's DTensor shards are ordinary weights (training/distributed.py projects them)."""
+    return weight.dtype.is_floating_point and (type(weight) in (torch.Tensor, nn.Parameter)
+                                               or type(weight).__name__ == "DTensor")
+
+
 class AnGPTPreTrainedModel(PreTrainedModel):
     config_class = AnGPTConfig
     config: AnGPTConfig
@@ -159,13 +180,18 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         return embeddings
 
     def constrained_matrices(self):
-        """(weight, residual_output) for every matrix the architecture's constraint covers (not task heads)."""
-        seen = set()
+        """(weight, residual_output) for every matrix the architecture's constraint covers: the model's own
+        projections, embedding and head, also where an adapter wraps them (its `base_layer`). Not task heads, not
+        an adapter's own matrices (PEFT's lora_A/lora_B are nn.Linear too), not quantized weights
+        (docs/architectures.md, "Weight constraints")."""
+        adapters, seen = set(map(id, _adapter_modules(self))), set()
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)) and not getattr(module, "task_head", False):
-                if id(module.weight) not in seen:  # tied head and embedding share one tensor
-                    seen.add(id(module.weight))
-                    yield module.weight, getattr(module, "residual_output", False)
+            if (not isinstance(module, (nn.Linear, nn.Embedding)) or getattr(module, "task_head", False)
+                    or id(module) in adapters or id(module.weight) in seen):  # a tied head shares the embedding's
+                continue
+            seen.add(id(module.weight))
+            if _is_float_matrix(module.weight):
+                yield module.weight, getattr(module, "residual_output", False)
 
     @torch.no_grad()
     def apply_weight_constraints(self) -> None:
