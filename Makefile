@@ -12,7 +12,7 @@ DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: venv install demo test test-experiments test-transformers bench bench-gpu clean
+.PHONY: venv install demo test test-experiments test-tools test-transformers bench bench-gpu clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ test: $(STAMP)
 # collects tests/ only.
 test-experiments: $(STAMP)
 	$(VENV)/bin/python -m pytest -q experiments -p no:cacheprovider --durations=10
+
+# A checkpoint with the tools that are not ours (tests/tools, docs/tools.md: PEFT, TRL, bitsandbytes, torchao, ONNX
+# Runtime, transformers serve, continuous batching, vLLM's contract): one pytest worker per core, as make test.
+test-tools: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m tools -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
+		--durations=10 tests/tools
 
 # transformers' own common tests (ModelTesterMixin, ConfigTester) for the three architectures, from the source
 # distribution of the installed transformers (pip downloads it once into ~/.cache/angpt; docs/transformers-compat.md).

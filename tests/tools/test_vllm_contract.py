@@ -27,6 +27,8 @@ from modeling_angpt import AnGPTForCausalLM
 
 from conftest import ARCHITECTURES
 
+pytestmark = pytest.mark.tools  # make test-tools
+
 VLLM = "vllm"
 
 
