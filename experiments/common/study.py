@@ -19,7 +19,8 @@ def build_data(recipe) -> None:
     afterwards find them cached instead of racing to build them."""
     import contextlib
 
-    from modeling_angpt.training.data import build_datasets, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import build_datasets
 
     build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
 

@@ -4,7 +4,7 @@ A worker of a plain ProcessPoolExecutor outlives its parent: kill an experiment 
 on training, the runs they had started and the ones already queued to them, beside the experiment started again in
 their place. Each worker here asks Linux to send it SIGKILL when its parent dies (prctl PR_SET_PDEATHSIG), so
 killing the experiment stops its runs, which later resume from their last saved state. Elsewhere the workers
-behave as ProcessPoolExecutor's do, and the run directories' lock (modeling_angpt/training/run_lock.py) still
+behave as ProcessPoolExecutor's do, and the run directories' lock (modeling_angpt/training/run_dir.py, `hold`) still
 refuses to let two live processes write one run.
 """
 from __future__ import annotations

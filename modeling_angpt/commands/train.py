@@ -67,7 +67,7 @@ def validate(args: argparse.Namespace) -> None:
     """Before torch and transformers are imported: the launch environment, the recipe (file, keys, values) and,
     for a new run, its output_dir (a resumed run is checked against its checkpoint later, still before any data
     or model work)."""
-    from ..training.launch import check_launch_environment
+    from ..training.distributed import check_launch_environment
     from ..training.recipe import load_recipe
     from ..training.run_dir import check_new_run_dir
 

@@ -112,7 +112,8 @@ def suite_lengths(checkpoint: Path, options: EvalOptions, default: tuple[int, ..
 
 def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, str]:
     """([n, train_length] token ids, description): the checkpoint's validation blocks (module docstring)."""
-    from ..training.data import build_datasets, resolve_source
+    from ..training.corpus import resolve_source
+    from ..training.data import build_datasets
     from ..training.recipe import recipe_from_dict
 
     metadata = read_metadata(checkpoint)

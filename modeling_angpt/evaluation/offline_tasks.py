@@ -97,7 +97,7 @@ def resolve_corpus(corpus: str | os.PathLike | None) -> Corpus:
 
 
 def _load_recipe(corpus: Corpus):
-    from ..training.data import resolve_source
+    from ..training.corpus import resolve_source
     from ..training.recipe import load_recipe
 
     recipe = load_recipe(corpus.path)

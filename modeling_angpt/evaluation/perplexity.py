@@ -33,7 +33,7 @@ def _metadata(checkpoint: Path) -> dict:
 
 
 def _recipe_and_source(checkpoint: Path):
-    from ..training.data import resolve_source
+    from ..training.corpus import resolve_source
     from ..training.recipe import recipe_from_dict
 
     where = str(Path(checkpoint) / "training_metadata.json")

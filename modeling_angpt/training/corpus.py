@@ -89,15 +89,19 @@ def separator(builder: str) -> str:
     return "\n\n" if builder == "text" else EOS
 
 
-def _with_separators(texts, builder: str) -> list[str]:
+def with_separators(texts, builder: str) -> list[str]:
+    """The non-empty texts, each followed by its separator: what is tokenised, for training and prepared alike."""
     return [t + separator(builder) for t in texts if t]
 
 
-def _source_fingerprint(source: DataSource, recipe) -> dict:
+def source_fingerprint(source: DataSource, recipe) -> dict:
+    """What the corpus a recipe reads is a function of (files with sizes and times, column, limits): the cache keys
+    of the tokenizer and the packed blocks, and the identity of a prepared directory, are built from it."""
     files = [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in source.files]
     return {"name": source.name, "files": files, "config": recipe.dataset_config, "split": recipe.dataset_split,
             "column": recipe.text_column, "max_chars": recipe.max_corpus_chars}
 
 
-def _digest(obj) -> str:
+def digest(obj) -> str:
+    """A short stable hash of a JSON-able value, for cache file names."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]

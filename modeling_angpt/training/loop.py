@@ -15,7 +15,6 @@ import math
 import os
 import shutil
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,15 +22,12 @@ import torch
 import torch.nn.functional as F
 
 from ..hub import save_pretrained
-from . import checkpoint as ckpt
-from . import run_dir, run_lock
-from .data import build_datasets, needle_datasets, resolve_source, scored_validation_blocks
+from . import run_dir
+from .corpus import resolve_source
+from .data import build_datasets, needle_datasets, scored_validation_blocks
 from .train_loader import batch_stream, data_epoch, loader_state, make_train_loader
-from .launch import (_has_accelerator_device, accelerator_device_kwargs, check_launch_environment,
-                     check_process_group, group_peak_flops)
-from .distributed import enable_cpu_fsdp
-from .metrics import (MetricsLogger, cpu_lacks_native_bf16, device_peak_flops, plot_loss_curve,
-                      training_flops_per_token)
+from .distributed import check_launch_environment, group_peak_flops, make_accelerator
+from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
 from .model_setup import (apply_constraints, architecture_defaults, blow_up_knobs, build_config, build_model,
                           compile_blocks)
 from .optim import build_optimizer, build_scheduler
@@ -69,33 +65,6 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def bf16_pays_off() -> bool:
-    """`bf16: true` asks for speed and memory. A GPU has native bfloat16; a CPU may not (AVX2 only), and there a
-    bfloat16 matmul is ~100x slower than a float32 one: the run would crawl. Such a CPU trains in float32 and
-    says so in one line."""
-    if _has_accelerator_device() or (ratio := cpu_lacks_native_bf16()) is None:
-        return True
-    warnings.warn(f"recipe key bf16: true, but this CPU has no native bfloat16 (its bfloat16 matmul runs at "
-                  f"{ratio:.3f}x its float32 speed): training in float32 instead; set bf16: false to skip this "
-                  "check", stacklevel=2)
-    return False
-
-
-def make_accelerator(recipe: Recipe):
-    from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
-
-    # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
-    # skip-the-consumed-batches resume exact.
-    accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 and bf16_pays_off() else "no",
-                              step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
-                              dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-                              **accelerator_device_kwargs())  # launch.py: CPU-only processes form a gloo group
-    check_process_group(accelerator)
-    enable_cpu_fsdp(accelerator)  # FSDP2 on CPU processes (gloo), which accelerate alone drops
-    return accelerator
-
-
 @torch.no_grad()
 def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
     """Mean per-token loss over the validation blocks, averaged over every rank's samples exactly once."""
@@ -118,7 +87,7 @@ def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
 
 def _check_finite(what: str, value: float, step: int, output_dir: Path, run: "_Run | None" = None) -> None:
     if not math.isfinite(value):
-        last = ckpt.latest_checkpoint(output_dir)
+        last = run_dir.latest_checkpoint(output_dir)
         knobs = blow_up_knobs(run.raw_model, run.optimizer) if run is not None else ""  # what to turn
         raise NonFiniteLossError(
             f"non-finite {what} ({value}) at step {step}{' with ' + knobs if knobs else ''}; stopped without saving. "
@@ -218,9 +187,9 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
     """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir (refused if that
     run's recipe or model config differs); `overwrite` first deletes a previous run there; without either the
     output_dir must be empty (run_dir.py). A directory another live process is training in is refused whatever
-    the flags (run_lock.py). `stop_after_steps` ends the run after that step's checkpoint logic without the final
+    the flags (run_dir.hold). `stop_after_steps` ends the run after that step's checkpoint logic without the final
     save, exactly as a job killed there would (preemption drills and the resume test)."""
-    with run_lock.hold(recipe.output_dir, enabled=run_dir.is_main_rank()):
+    with run_dir.hold(recipe.output_dir, enabled=run_dir.is_main_rank()):
         return _train(recipe, resume, stop_after_steps, overwrite)
 
 
@@ -231,8 +200,8 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [], "num_processes": acc.num_processes}
     if resume_from is not None:
-        state = ckpt.load_checkpoint(acc, resume_from)
-        data_state = ckpt.load_data_state(acc, resume_from)
+        state = run_dir.load_checkpoint(acc, resume_from)
+        data_state = run_dir.load_data_state(acc, resume_from)
         if data_state is not None:
             run.train_dl.load_state_dict(data_state)
         acc.print(f"resumed from {resume_from} at step {state['step']}")
@@ -303,7 +272,7 @@ def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after
                 # The RNG states themselves are in save_state's random_states_<rank>.pkl.
                 state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
                                 "sampler_epoch": data_epoch(run.train_dl, state["batches"])}
-                ckpt.save_checkpoint(acc, output_dir, state, recipe.save_total_limit, loader_state(run.train_dl))
+                run_dir.save_checkpoint(acc, output_dir, state, recipe.save_total_limit, loader_state(run.train_dl))
             if stop_after_steps is not None and step >= stop_after_steps:
                 return
 

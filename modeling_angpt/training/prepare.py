@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import DataSource, _source_fingerprint, _with_separators, default_cache_dir, resolve_source, separator
+from .corpus import DataSource, source_fingerprint, with_separators, default_cache_dir, resolve_source, separator
 from .shards import (FORMAT, FORMAT_VERSION, MANIFEST, TOKENIZER_DIR, PreparedDataError, held_out, read_manifest,
                      token_dtype, tokenizer_hash)
 
@@ -48,7 +48,7 @@ def _write_json(path: Path, value: dict) -> None:
 
 def inputs_identity(recipe, source: DataSource) -> dict:
     """What the prepared tokens are a function of; a rerun with other inputs is refused, not mixed in."""
-    identity = {"format_version": FORMAT_VERSION, "source": _source_fingerprint(source, recipe),
+    identity = {"format_version": FORMAT_VERSION, "source": source_fingerprint(source, recipe),
                 "tokenizer": {"name": recipe.tokenizer, "trained_vocab": None if recipe.tokenizer else
                               recipe.tokenizer_vocab_size, "split_digits": recipe.tokenizer_split_digits},
                 "data_seed": recipe.data_seed, "validation_fraction": recipe.validation_fraction}
@@ -196,7 +196,7 @@ def prepare_unit(recipe_values: dict, output: str, unit: tuple[int, int, int]) -
     for texts in _rows(recipe, ds, start, stop):
         texts = [t for t in texts if t]
         sides = [held_out(t, recipe.data_seed, recipe.validation_fraction) for t in texts]
-        encoded = encode(_with_separators(texts, source.builder))
+        encoded = encode(with_separators(texts, source.builder))
         for split, side in (("train", False), ("val", True)):
             chosen = [ids for ids, s in zip(encoded, sides) if s == side]
             if chosen:

@@ -162,7 +162,8 @@ def test_perplexity_suite_and_the_provenance_of_a_result_file(eval_env, tmp_path
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from modeling_angpt.training.data import build_datasets, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import build_datasets
     from modeling_angpt.training.recipe import recipe_from_dict
 
     checkpoint, _, _ = eval_env

@@ -154,7 +154,8 @@ def test_offline_data_are_deterministic_for_a_seed_and_cached(eval_env, tmp_path
 def test_recipe_corpus_draws_only_on_the_validation_split(eval_env, tmp_path):
     import yaml
 
-    from modeling_angpt.training.data import build_datasets, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import build_datasets
     from modeling_angpt.training.recipe import load_recipe
 
     checkpoint, corpus, _ = eval_env

@@ -9,7 +9,7 @@ import torch
 from cli_helpers import angpt, assert_one_line_error, snapshot
 from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
-from modeling_angpt.training.launch import LaunchError, check_process_group, group_peak_flops
+from modeling_angpt.training.distributed import LaunchError, check_process_group, group_peak_flops
 
 
 @pytest.mark.parametrize("env, expected", [

