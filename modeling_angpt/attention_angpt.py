@@ -28,8 +28,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterf
 
 from .attention_layout_angpt import AttentionLayout, every_row
 from .flex_angpt import attend as flex_attend, block_mask as flex_block_mask, mods as flex_mods
-from .logit_transforms_angpt import LOGIT_TRANSFORMS, LogitTransform, _on_register as _transform_hooks, head_tensor
-from .sparsity_angpt import SPARSITIES, Sparsity, _on_register as _sparsity_hooks
+from .logit_transforms_angpt import LOGIT_TRANSFORMS, LogitTransform, head_tensor
+from .sparsity_angpt import SPARSITIES, Sparsity
 
 try:  # optional: only the [flash] extra installs it, and only on CUDA machines
     from flash_attn import flash_attn_func
@@ -197,9 +197,6 @@ class AttentionBackend:
 
 
 ATTENTION_BACKENDS: dict[str, AttentionBackend] = {}
-_checked: set = set()  # (implementation, transform, sparsity) already checked: once, not per layer and forward
-_transform_hooks.append(_checked.clear)
-_sparsity_hooks.append(_checked.clear)
 
 
 def register_attention_backend(name: str, computes: Callable, function: Callable, *,
@@ -210,7 +207,6 @@ def register_attention_backend(name: str, computes: Callable, function: Callable
     ATTENTION_BACKENDS[name] = backend
     if name not in ("eager", "sdpa", "flex_attention", "flash_attention_2"):
         AttentionInterface.register(name, function)
-    _checked.clear()
     return backend
 
 
@@ -246,9 +242,14 @@ def attention_backends_supporting(transform: str, sparsity: str) -> list[str]:
     return [name for name in ATTENTION_BACKENDS if backend_computes(name, transform, sparsity)]
 
 
-def check_attention_backend(config, implementation: str | None) -> None:
-    """Raise a ValueError naming the variant and the backends that compute it, never fall back silently."""
-    implementation = implementation or "eager"
+def check_attention_backend(config, implementation: str) -> None:
+    """Raise a one-line ValueError naming the variant and the backends that compute it, never fall back silently.
+
+    Called once, where the backend is chosen, not in the forward (docs/attention.md, "Backends"): by the config when
+    `_attn_implementation` is set (at init, by from_pretrained's `attn_implementation=`, or by a runtime such as
+    vLLM's Transformers backend assigning its own name) and by the model when transformers resolves the choice
+    (`__init__`, `set_attn_implementation`, continuous batching's switch to a paged kernel). A name this registry does
+    not know is one of transformers' functions, which compute plain attention only."""
     transform, sparsity = config.attention_logit_transform, config.attention_sparsity
     if not backend_computes(implementation, transform, sparsity):
         raise ValueError(
@@ -263,18 +264,8 @@ def uses_layout(config) -> bool:
     return backend is not None and backend.reads_layout
 
 
-def check_attention_backend_once(config) -> None:
-    """check_attention_backend, memoised per (backend, transform, sparsity). AnGPTModel.forward calls it once per
-    forward, outside the decoder blocks, so blocks compiled on their own (training's compile_blocks) never guard on
-    the memo."""
-    key = (config._attn_implementation or "eager", config.attention_logit_transform, config.attention_sparsity)
-    if key not in _checked:
-        check_attention_backend(config, key[0])
-        _checked.add(key)
-
-
 def get_attention_function(config):
-    """The registered function for `config._attn_implementation` (checked by the model's forward, see above); None
+    """The registered function for `config._attn_implementation` (checked where it was chosen, see above); None
     for a name this registry does not know (the caller takes transformers' function of that name)."""
     backend = ATTENTION_BACKENDS.get(config._attn_implementation or "eager")
     return None if backend is None else backend.function

@@ -157,6 +157,24 @@ class AnGPTConfig(PreTrainedConfig):
             # computes the same math as the eager reference (an explicit choice still raises, see above).
             self._attn_implementation = "angpt_chunked"
 
+    # The attention backend is checked where it is chosen, once (docs/attention.md, "Backends"): transformers sets
+    # `_attn_implementation` through this property at init, from from_pretrained's `attn_implementation=`, and a
+    # serving runtime (vLLM's Transformers backend) assigns its own registered name here too, so a backend that cannot
+    # compute this variant is refused in one line before any forward. The model checks what transformers resolves at
+    # `__init__` and in `set_attn_implementation` (pretrained_angpt.py). No check runs per forward.
+    @property
+    def _attn_implementation(self):
+        return self._attn_implementation_internal
+
+    @_attn_implementation.setter
+    def _attn_implementation(self, value: str | dict | None):
+        name = value.get("", getattr(self, "_attn_implementation_internal", None)) if isinstance(value, dict) else value
+        variant_known = (getattr(self, "attention_logit_transform", None) in LOGIT_TRANSFORMS
+                         and getattr(self, "attention_sparsity", None) in SPARSITIES)
+        if name is not None and variant_known:  # an unknown variant name: _validate's error says which registry
+            check_attention_backend(self, name)
+        PreTrainedConfig._attn_implementation.fset(self, value)
+
     def _validate(self) -> None:
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "intermediate_size", "max_position_embeddings", "attention_query_chunk_size"):

@@ -40,7 +40,6 @@ class LogitTransform:
 
 
 LOGIT_TRANSFORMS: dict[str, LogitTransform] = {}
-_on_register: list[Callable[[], None]] = []  # caches that depend on the registry (attention_angpt's backend memo)
 
 
 def register_logit_transform(name: str, score: Callable | None = None, *, head_values: Callable | None = None,
@@ -52,8 +51,6 @@ def register_logit_transform(name: str, score: Callable | None = None, *, head_v
     (register it again before loading one)."""
     transform = LogitTransform(name, score, head_values, additive, query_scale, query_scale_init, flash_alibi)
     LOGIT_TRANSFORMS[name] = transform
-    for hook in _on_register:
-        hook()
     return transform
 
 

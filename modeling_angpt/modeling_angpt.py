@@ -27,7 +27,7 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import capture_outputs
 
 from .architectures_angpt import get_architecture
-from .attention_angpt import check_attention_backend_once, eager_attention_forward, get_attention_function, uses_layout
+from .attention_angpt import eager_attention_forward, get_attention_function, uses_layout
 from .attention_layout_angpt import AttentionLayout, positions_from_padding
 from .configuration_angpt import AnGPTConfig
 from .layers_angpt import project
@@ -204,7 +204,7 @@ class AnGPTAttention(nn.Module):
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
                                                                                    self.is_causal)
             query = query * self.logit_transform.query_scale(self.logn_scale, layout).to(query.dtype)
-        # the registered backend (AnGPTModel.forward checked that it computes this variant), else transformers' by name
+        # the registered backend (checked where it was chosen: it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)
         if paged:  # transformers' function, which reads the paged batch's keyword arguments
@@ -302,7 +302,6 @@ class AnGPTModel(AnGPTPreTrainedModel):
         past_key_values = cache
         if is_paged(past_key_values):  # continuous batching: its manager prepared the batch (paged_angpt.py)
             return self.paged_forward(input_ids, inputs_embeds, attention_mask, position_ids, past_key_values, **kwargs)
-        check_attention_backend_once(self.config)  # raises if the backend cannot compute this attention variant
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("AnGPTModel.forward: pass exactly one of input_ids or inputs_embeds")
         if inputs_embeds is None:

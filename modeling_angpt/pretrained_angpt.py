@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 
 from .architectures_angpt import FOLDED_TRAINING_ERROR, get_architecture
+from .attention_angpt import check_attention_backend
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import fold_model
 from .layers_angpt import Gain, RMSNorm, Scale
@@ -121,6 +122,19 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
                                     **{auto: f"modeling_angpt.{name}" for auto, name in AUTO_CLASSES.items()}}
         return super().save_pretrained(*args, **kwargs)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation, is_init_check: bool = False,
+                                              allow_all_kernels: bool = False) -> str:
+        """transformers' resolution of the attention backend (at `__init__`, in `set_attn_implementation`), then the
+        check that it computes this attention variant, once, where it is chosen (docs/attention.md, "Backends"; the
+        config checks an assignment to `_attn_implementation`). A requested name is checked first, so that a variant
+        flash-attn cannot compute is refused even where flash-attn is not installed."""
+        if isinstance(attn_implementation, str):
+            check_attention_backend(self.config, attn_implementation)
+        chosen = super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check=is_init_check,
+                                                               allow_all_kernels=allow_all_kernels)
+        check_attention_backend(self.config, chosen)
+        return chosen
 
     def train(self, mode: bool = True):
         if mode and getattr(self.config, "folded", False):

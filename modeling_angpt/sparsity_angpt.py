@@ -26,7 +26,6 @@ class Sparsity:
 
 
 SPARSITIES: dict[str, Sparsity] = {}
-_on_register: list[Callable[[], None]] = []
 
 
 def register_sparsity(name: str, pattern: Callable | None = None, *, select: Callable | None = None) -> Sparsity:
@@ -37,8 +36,6 @@ def register_sparsity(name: str, pattern: Callable | None = None, *, select: Cal
         raise ValueError(f"register_sparsity({name!r}): give exactly one of pattern= or select=")
     sparsity = Sparsity(name, pattern, select)
     SPARSITIES[name] = sparsity
-    for hook in _on_register:
-        hook()
     return sparsity
 
 

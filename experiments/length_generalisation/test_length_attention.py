@@ -10,7 +10,7 @@ import torch
 from attention_fixtures import build, captured_attention_calls, make_config
 from experiments.smoke_arguments import tiny_length_models
 
-from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS, _on_register
+from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS
 
 RUNS = [("scale_invariant", {"rope_type": "scale_invariant_p", "partial_rotary_factor": 0.5}),
         ("alibi", {"rope_type": "none"}), ("logn", None), ("none", None)]
@@ -24,8 +24,6 @@ def probes(experiment):
     yield length_attention
     for name in [name for name in LOGIT_TRANSFORMS if name.startswith(length_attention.PROBE_PREFIX)]:
         LOGIT_TRANSFORMS.pop(name)
-    for hook in _on_register:
-        hook()
 
 
 def octave_of(t: int) -> int:

@@ -119,16 +119,27 @@ def test_generate_with_cache_equals_without():
 
 @pytest.mark.parametrize("backend,transform,sparsity", [
     ("sdpa", "scale_invariant", "none"), ("sdpa", "none", "topk"), ("flex_attention", "alibi", "topk"),
-    ("flash_attention_2", "scale_invariant", "none"), ("flash_attention_2", "none", "window")])
-def test_unsupported_combination_raises(backend, transform, sparsity):
-    config = make_config(transform, sparsity)
-    model = build(config, "eager")
-    model.config._attn_implementation_internal = backend  # set_attn_implementation would also check flash-attn
-    with pytest.raises(ValueError) as error:
-        logits(model, torch.randint(1, 101, (1, 6)))
-    message = str(error.value)
-    assert backend in message and "eager" in message and "angpt_chunked" in message
-    assert (transform if transform != "none" else sparsity) in message
+    ("flash_attention_2", "scale_invariant", "none"), ("flash_attention_2", "none", "window"),
+    ("paged|sdpa", "alibi", "none")])
+def test_unsupported_combination_raises_where_the_backend_is_chosen(backend, transform, sparsity):
+    # Checked once where the backend is chosen, in one line (docs/attention.md, "Backends"): at config init, by
+    # from_pretrained/_from_config's attn_implementation=, by set_attn_implementation (before transformers' own check
+    # that flash-attn is installed), and when a serving runtime assigns its own name to config._attn_implementation.
+    model = build(make_config(transform, sparsity), "eager")
+    choices = {
+        "config": lambda: make_config(transform, sparsity, attn_implementation=backend),
+        "attn_implementation=": lambda: AnGPTForCausalLM._from_config(make_config(transform, sparsity),
+                                                                       attn_implementation=backend),
+        "set_attn_implementation": lambda: model.set_attn_implementation(backend),
+        "runtime": lambda: setattr(model.config, "_attn_implementation", backend),
+    }
+    for where, choose in choices.items():
+        with pytest.raises(ValueError) as error:
+            choose()
+        message = str(error.value)
+        assert backend in message and "eager" in message and "angpt_chunked" in message, where
+        assert (transform if transform != "none" else sparsity) in message and "\n" not in message, where
+    assert model.config._attn_implementation == "eager"  # a refused choice leaves the model as it was
 
 
 @pytest.mark.parametrize("transform", LOGIT_TRANSFORMS)
@@ -137,8 +148,9 @@ def test_default_backend_computes_the_variant(transform, tmp_path):
     for sparsity in ("none", "topk"):
         expected = "sdpa" if supported(transform, sparsity, "sdpa") else "angpt_chunked"
         assert build(make_config(transform, sparsity)).config._attn_implementation == expected
-    explicit = make_config("scale_invariant", attn_implementation="sdpa")
-    assert explicit._attn_implementation == "sdpa"  # an explicit choice is kept, and raises at forward
+    assert make_config("alibi", attn_implementation="eager")._attn_implementation == "eager"  # an explicit choice is kept
     model = build(make_config("scale_invariant", "topk"))
     model.save_pretrained(tmp_path)
     assert AnGPTForCausalLM.from_pretrained(tmp_path).config._attn_implementation == "angpt_chunked"
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):  # an explicit choice sdpa cannot compute
+        AnGPTForCausalLM.from_pretrained(tmp_path, attn_implementation="sdpa")

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import CompileConfig, DataCollatorWithFlattening, DynamicCache, StaticCache
 
-from modeling_angpt import attention_angpt, register_logit_transform, register_sparsity
+from modeling_angpt import (attention_angpt, configuration_angpt, pretrained_angpt, register_logit_transform,
+                            register_sparsity)
 from modeling_angpt.attention_angpt import eager_attention_forward
 from modeling_angpt.logit_transforms_angpt import LOGIT_TRANSFORMS
 from modeling_angpt.sparsity_angpt import SPARSITIES
@@ -51,7 +52,7 @@ def test_packed_sequences_equal_each_sequence_alone(index, transform, sparsity):
         torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5, msg=backend)
 
 
-# --- 10.4: no data-dependent branches: export, fullgraph compile, the backend check once ------------------------
+# --- 10.4: no data-dependent branches: export, fullgraph compile, the backend checked where chosen ---------------
 EXPORT_CASES = [("angpt", "scale_invariant", "window", "angpt_chunked"), ("gptplus", "alibi", "block", "sdpa"),
                 ("ngpt", "logn", "topk", "eager")]
 
@@ -67,12 +68,14 @@ def test_forward_exports_and_compiles_without_graph_breaks(architecture, transfo
     compiled = torch.compile(model, fullgraph=True, backend="eager")  # raises on any graph break
     with torch.no_grad():
         torch.testing.assert_close(compiled(ids, attention_mask=mask).logits, expected, rtol=0, atol=1e-5)
-    checks = []
-    monkeypatch.setattr(attention_angpt, "check_attention_backend", lambda *a: checks.append(a))
-    attention_angpt._checked.clear()
+    checks = []  # the backend is checked where it is chosen, never in the forward (docs/attention.md, "Backends")
+    for module in (configuration_angpt, pretrained_angpt):
+        monkeypatch.setattr(module, "check_attention_backend", lambda *a: checks.append(a))
     logits(model, ids, mask)
-    logits(model, ids, mask)
-    assert len(checks) == 1  # once per (backend, variant), not per layer and forward
+    assert checks == []
+    other = "angpt_chunked" if backend == "eager" else "eager"  # both compute every variant
+    model.set_attn_implementation(other)
+    assert checks and all(implementation == other for _, implementation in checks)
 
 
 # --- 10.5: static cache ------------------------------------------------------------------------------------------
@@ -146,7 +149,6 @@ def plugins():
     yield transform, sparsity
     LOGIT_TRANSFORMS.pop(transform.name, None)
     SPARSITIES.pop(sparsity.name, None)
-    attention_angpt._checked.clear()
 
 
 def test_registered_transform_equals_hand_written_attention(plugins):
@@ -173,9 +175,8 @@ def test_registered_variants_run_everywhere_and_survive_folding(plugins, tmp_pat
         torch.testing.assert_close(logits(model, ids, mask)[mask.bool()], expected[mask.bool()], rtol=0, atol=1e-5)
         decoded = _decode(model, ids, mask, None, StaticCache(config=model.config, max_cache_len=16), prefill=6)
         torch.testing.assert_close(decoded[mask.bool()], expected[mask.bool()], rtol=0, atol=1e-5)
-    with pytest.raises(ValueError, match="sdpa"):
+    with pytest.raises(ValueError, match="sdpa"):  # refused where it is chosen
         model.set_attn_implementation("sdpa")
-        logits(model, ids, mask)
     patterned = build(make_config("alibi", sparsity), "eager")  # a registered pattern runs on sdpa too
     reference = logits(patterned, ids, mask)
     patterned.set_attn_implementation("sdpa")
