@@ -20,6 +20,7 @@ COMMANDS = {
     "prepare": ("modeling_angpt.commands.prepare", "tokenise a recipe's corpus into token shards for training"),
     "train": ("modeling_angpt.commands.train", "train a model from a recipe YAML"),
     "export": ("modeling_angpt.commands.export", "fold the constants into the weights (inference form)"),
+    "onnx": ("modeling_angpt.commands.onnx", "export a folded checkpoint as an ONNX graph for onnxruntime"),
     "eval": ("modeling_angpt.commands.eval", "evaluate a checkpoint (lm-eval suites, held-out loss, length, needle)"),
     "generate": ("modeling_angpt.commands.generate", "generate text from a checkpoint"),
     "semantic-focus": ("modeling_angpt.commands.semantic_focus",
@@ -27,7 +28,8 @@ COMMANDS = {
 }
 # What an ImportError of an optional dependency means for the user.
 EXTRAS = {"accelerate": "train", "datasets": "train", "tensorboard": "train", "tqdm": "train", "yaml": "train",
-          "matplotlib": "train", "lm_eval": "eval"}
+          "matplotlib": "train", "lm_eval": "eval",
+          "onnx": "tools", "onnxscript": "tools", "onnxruntime": "tools"}
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
