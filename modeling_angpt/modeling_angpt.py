@@ -8,10 +8,6 @@ dicts convert key for key. This file and the files it imports with `from .x impo
 copies next to a checkpoint for `trust_remote_code` loading: it imports nothing else of the project.
 """
 
-import functools
-import inspect
-import warnings
-
 import torch
 from torch import nn
 from transformers import GenerationMixin
@@ -23,6 +19,7 @@ from transformers.modeling_outputs import (BaseModelOutputWithPast, CausalLMOutp
                                            SequenceClassifierOutputWithPast)
 from transformers.processing_utils import Unpack
 from transformers.utils import TransformersKwargs
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 
@@ -36,43 +33,7 @@ from .pretrained_angpt import (AnGPTPreTrainedModel, CheckpointMismatchError,  #
                                check_logits_need_no_head)
 from .paged_angpt import (check_paged_support, is_paged, paged_attention_function, paged_layout,
                           update_paged_cache)
-from .rotary_angpt import ROPE_TYPES, compute_inv_freq
-
-
-# transformers 5.24 renamed the KV cache argument and output field `past_key_values` to `cache` (generate passes
-# `cache=`; 5.23 passes `past_key_values=`). Both names are accepted in, and outputs carry whichever field this
-# transformers has, so one checkpoint's code runs under either.
-OUTPUT_CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
-_MASK_CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(create_causal_mask).parameters  # the mask helpers'
-                        else "past_key_values")  # name (5.24 deprecates the old one, to be removed in 5.40)
-
-
-def accepts_old_cache_name(forward):
-    """A model forward's `cache` argument also arrives as `past_key_values` (what transformers before 5.24 passes, and
-    callers written for it); transformers from 5.24 on says the old name is deprecated, as its own models do."""
-    @functools.wraps(forward)
-    def wrapper(self, *args, **kwargs):
-        if "past_key_values" in kwargs:
-            cache = cache_argument(kwargs.pop("past_key_values"), kwargs)  # raises when both name other caches
-            if OUTPUT_CACHE_FIELD == "cache" and not torch.compiler.is_compiling():
-                warnings.warn("`past_key_values` is deprecated: pass the KV cache as `cache`", FutureWarning,
-                              stacklevel=2)
-            kwargs["cache"] = cache
-        return forward(self, *args, **kwargs)
-
-    return wrapper
-
-
-def cache_argument(past_key_values, kwargs: dict):
-    """The KV cache under either name (`cache` is popped from kwargs); both at once is a caller's error."""
-    cache = kwargs.pop("cache", None)
-    if cache is not None and past_key_values is not None and cache is not past_key_values:
-        raise ValueError("pass the KV cache as `cache` or as `past_key_values`, not both")
-    return past_key_values if cache is None else cache
-
-
-def output_cache(outputs):
-    return getattr(outputs, OUTPUT_CACHE_FIELD)
+from .rotary_angpt import ROPE_TYPES, compute_inv_freq, per_sequence_inv_freq
 
 
 # --- positions: rotary embedding (rotary_angpt.py has the frequencies of each rope type) ------------------------
@@ -120,9 +81,11 @@ class AnGPTRotaryEmbedding(nn.Module):
     def reset_parameters(self) -> torch.Tensor:
         return compute_inv_freq(self.config, self.inv_freq.device)[0]
 
-    def sequence_length(self, position_ids: torch.Tensor, past_key_values=None, rope_seq_len: int | None = None):
-        """The L that fixes the dynamic NTK base for this forward (None for every other rope type)."""
-        if not self.length_dependent:
+    def sequence_length(self, position_ids: torch.Tensor, past_key_values=None, rope_seq_len: int | None = None,
+                        packed: bool = False):
+        """The L that fixes the dynamic NTK base for this forward (None for every other rope type, and for a packed
+        batch, whose sequences each take their own: see forward's `sequence`)."""
+        if not self.length_dependent or (packed and rope_seq_len is None):
             return None
         if rope_seq_len is None:
             rope_seq_len = getattr(past_key_values, "angpt_rope_seq_len", None)
@@ -133,9 +96,14 @@ class AnGPTRotaryEmbedding(nn.Module):
         return int(rope_seq_len)
 
     @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, seq_len: int | None = None):
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, seq_len: int | None = None,
+                sequence: torch.Tensor | None = None):
+        """`sequence` [b, t]: packed-sequence ids of a padding-free packed batch; dynamic NTK then gives each sequence
+        the base of its own length, as if it ran alone (rotary_angpt.per_sequence_inv_freq)."""
         inv_freq = self.inv_freq
-        if seq_len is None and self.length_dependent:  # called on its own: L from the positions it is given
+        if seq_len is None and self.length_dependent and sequence is not None:
+            inv_freq = per_sequence_inv_freq(self.config, position_ids.expand_as(sequence), sequence)  # [b, t, r/2]
+        elif seq_len is None and self.length_dependent:  # called on its own: L from the positions it is given
             seq_len = int(position_ids.max()) + 1
         if seq_len is not None:  # dynamic NTK: frequencies for this forward's fixed L (see the class docstring)
             inv_freq = compute_inv_freq(self.config, x.device, seq_len)[0]
@@ -293,7 +261,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    @accepts_old_cache_name
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' Llama
     @merge_with_config_defaults
     @capture_outputs
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache: Cache | None = None,
@@ -327,7 +295,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
         mask = None
         if not uses_layout(self.config):
             mask_args = dict(config=self.config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                             **{_MASK_CACHE_ARGUMENT: past_key_values})
+                             cache=past_key_values)
             if self.config.is_causal:
                 mask = create_causal_mask(position_ids=position_ids, **mask_args)
             else:
@@ -335,14 +303,14 @@ class AnGPTModel(AnGPTPreTrainedModel):
         hidden_states = inputs_embeds
         position_embeddings = None
         if self.rotary_emb.inv_freq.numel():
-            rope_len = self.rotary_emb.sequence_length(position_ids, past_key_values, kwargs.pop("rope_seq_len", None))
-            position_embeddings = self.rotary_emb(hidden_states, position_ids, rope_len)
+            rope_len = self.rotary_emb.sequence_length(position_ids, past_key_values, kwargs.pop("rope_seq_len", None),
+                                                       packed)
+            position_embeddings = self.rotary_emb(hidden_states, position_ids, rope_len, layout.key_sequence)
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask=mask, position_embeddings=position_embeddings,
                                   past_key_values=past_key_values, position_ids=position_ids,
                                   attention_layout=layout, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states),
-                                       **{OUTPUT_CACHE_FIELD: past_key_values})
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=past_key_values)
 
     def paged_forward(self, input_ids, inputs_embeds, attention_mask, position_ids, cache, **kwargs):
         """Continuous batching: one flattened row of every request's new tokens, their positions, the paged cache and
@@ -357,7 +325,7 @@ class AnGPTModel(AnGPTPreTrainedModel):
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask=attention_mask, position_embeddings=position_embeddings,
                                   past_key_values=cache, position_ids=position_ids, attention_layout=layout, **kwargs)
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{OUTPUT_CACHE_FIELD: cache})
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
 
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
@@ -365,19 +333,23 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _can_compile_fullgraph = True  # no data-dependent branch in the forward; the static cache carries positions
 
-    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, past_key_values=None, position_ids=None,
+    def init_continuous_batching(self, *args, **kwargs):
+        """transformers' continuous batching (generate_batch, `transformers serve --continuous-batching`); what its
+        paged path cannot compute is refused here in one line, before its worker thread starts (paged_angpt.py)."""
+        check_paged_support(self.config)
+        return super().init_continuous_batching(*args, **kwargs)
+
+    def create_masks_for_generate(self, config, inputs_embeds, attention_mask, cache=None, position_ids=None,
                                   **kwargs):
         """generate's hook for compileable (static) caches. Our backends read a 2-D padding mask (positions, not a
         T×T mask): hand it over padded to the cache length, so every decoding step has the same shapes (one compiled
         graph). transformers' own backends get transformers' masks."""
-        past_key_values = cache_argument(past_key_values, kwargs)
         if not uses_layout(config):
             return create_masks_for_generate(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                             position_ids=position_ids, **{_MASK_CACHE_ARGUMENT: past_key_values},
-                                             **kwargs)
+                                             cache=cache, position_ids=position_ids, **kwargs)
         if attention_mask is None or attention_mask.dim() != 2:
             return attention_mask
-        key_length = past_key_values.get_mask_sizes(inputs_embeds.shape[1], 0)[0]
+        key_length = cache.get_mask_sizes(inputs_embeds.shape[1], 0)[0]
         return nn.functional.pad(attention_mask, (0, key_length - attention_mask.shape[-1]))
 
     def __init__(self, config: AnGPTConfig) -> None:
@@ -393,7 +365,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         s_z = None if self.logit_scale is None else self.logit_scale()
         return project(self.lm_head, hidden_states, s_z)  # called when wrapped (FSDP2, LoRA, quantized)
 
-    @accepts_old_cache_name
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' Llama
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache: Cache | None = None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep: int | torch.Tensor = 0,
@@ -408,7 +380,7 @@ class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: output_cache(outputs)},
+        return CausalLMOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
                                       hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 
@@ -439,7 +411,7 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
         last = (attention_mask.long() * positions).argmax(-1)
         return hidden_states[torch.arange(hidden_states.shape[0], device=mask.device), last]
 
-    @accepts_old_cache_name
+    @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")  # as transformers' Llama
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache: Cache | None = None,
                 inputs_embeds=None, labels=None, use_cache=None,
@@ -453,7 +425,7 @@ class AnGPTForSequenceClassification(AnGPTPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=logits, config=self.config)
-        return SequenceClassifierOutputWithPast(loss=loss, logits=logits, **{OUTPUT_CACHE_FIELD: output_cache(outputs)},
+        return SequenceClassifierOutputWithPast(loss=loss, logits=logits, cache=outputs.cache,
                                                 hidden_states=outputs.hidden_states, attentions=outputs.attentions)
 
 

@@ -86,3 +86,14 @@ def compute_inv_freq(config, device=None, seq_len: int | None = None) -> tuple[t
                          f"registered: {sorted(ROPE_TYPES)}")
     inv_freq, scaling = ROPE_TYPES[rope_type].inv_freq(config, device, seq_len)
     return inv_freq.float(), float(scaling)
+
+
+def per_sequence_inv_freq(config, positions: torch.Tensor, sequence: torch.Tensor) -> torch.Tensor:
+    """A length-dependent rope type (dynamic NTK) in a padding-free packed batch: each token's inverse frequencies
+    [b, n, r/2] for L = its own sequence's length (the largest position in it + 1), as if each sequence ran alone,
+    not the largest position of the whole flattened batch. One table per distinct length (a few per batch)."""
+    largest = torch.zeros_like(positions).scatter_reduce(1, sequence, positions, "amax")  # [b, n], by sequence id
+    lengths = largest.gather(1, sequence) + 1  # [b, n]
+    distinct = lengths.unique()  # sorted
+    table = torch.stack([compute_inv_freq(config, positions.device, int(n))[0] for n in distinct.tolist()])
+    return table[torch.searchsorted(distinct, lengths)]  # [b, n, r/2]
