@@ -1,5 +1,7 @@
 """Needle in a haystack (scale-invariant paper; docs/evaluation.md, "Needle in a haystack"): the example generator
-and the scorer.
+and the scorer. Training fine-tunes on its examples (recipe key dataset_kind: needle), evaluation scores a model on
+them (`angpt eval --suite needle`, the lm-eval task angpt_needle): it sits below both, beside tokenization.py, and
+imports nothing of the package (the model files never import it).
 
 An example of token length L is filler text with three needles `The special magic <city> number is <n>.` (three
 distinct cities, 7-digit numbers from 1000000 to 9999999) at uniformly random depths, then the question; the

@@ -86,7 +86,7 @@ def one_run(job: dict) -> dict:
     from its resume.pt, and a finished one given a larger --epochs too."""
     import torch
 
-    from modeling_angpt.evaluation.semantic_focus import run_protocol
+    from modeling_angpt.evaluation.semantic_focus import ProtocolSettings, run_protocol
 
     out = pathlib.Path(job["output_dir"])
     if (out / "summary.json").exists() and (out / "metrics.jsonl").exists():
@@ -107,12 +107,12 @@ def one_run(job: dict) -> dict:
     # starts again a run killed before it saved one)
     earlier = len((out / "metrics.jsonl").read_text().splitlines()) if (out / "resume.pt").exists() else 0
     torch.set_num_threads(job["threads"])
-    summary = run_protocol(job["task"], out, seed=job["seed"], epochs=job["epochs"], n_train=job["n_train"],
-                           n_heldout=job["n_heldout"], device=job["device"], task_kwargs=job["task_kwargs"],
-                           stop_at_train_acc=job["stop_at"], save_model=False, tensorboard=False, plot_every=0,
-                           log=lambda line: print(line, flush=True) if job["verbose"] else None,
-                           backbone=job["backbone"], resume=True, deadline=job["deadline"],
-                           **VARIANTS[job["variant"]])
+    settings = ProtocolSettings(task=job["task"], output_dir=out, model=VARIANTS[job["variant"]],
+                                backbone=job["backbone"], task_kwargs=job["task_kwargs"], seed=job["seed"],
+                                epochs=job["epochs"], n_train=job["n_train"], n_heldout=job["n_heldout"],
+                                device=job["device"], stop_at_train_acc=job["stop_at"], deadline=job["deadline"],
+                                resume=True, tensorboard=False, save_model=False, plot_every=0)
+    summary = run_protocol(settings, log=lambda line: print(line, flush=True) if job["verbose"] else None)
     return {**job, **summary, "reused": False, "epochs_earlier": earlier}
 
 

@@ -1,7 +1,7 @@
 """`angpt semantic-focus`: train the semantic-focus paper's model on one task with one attention configuration.
 
 The protocol of Ram et al. (docs/evaluation.md, "Semantic-focus tasks"); a thin layer over
-`modeling_angpt.evaluation.semantic_focus.run_protocol`.
+`modeling_angpt.evaluation.semantic_focus.run_protocol(ProtocolSettings(...))`.
 
     angpt semantic-focus --task even_pairs --attention-sparsity topk --attention-topk 5 --output-dir runs/ep-topk
     angpt semantic-focus --backbone paper ...   # the paper's own encoder (paper_encoder.py) instead of GPT+
@@ -73,70 +73,82 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tensorboard", action="store_true", help="write no TensorBoard events")
 
 
-def run(args: argparse.Namespace) -> int:
-    started = time.time()
-    out = Path(args.output_dir)
-    if args.time_limit is not None and args.time_limit <= 0:
-        print(f"angpt semantic-focus: error: --time-limit {args.time_limit:g}: expected a positive number of minutes",
-              file=sys.stderr)
-        return 2
-    if not args.resume and ((out / "metrics.jsonl").exists() or (out / "summary.json").exists()):
-        print(f"angpt semantic-focus: error: {out} already holds results (metrics.jsonl); continue it with --resume "
-              "or choose another --output-dir", file=sys.stderr)
-        return 2
-    import torch
+def _error(message: str) -> int:
+    print(f"angpt semantic-focus: error: {message}", file=sys.stderr)
+    return 2
 
+
+def _check_arguments(args: argparse.Namespace) -> str | None:
+    """The first argument error, or None (checked against the registries the config validates against: no list of
+    names here)."""
     from ..architectures_angpt import ARCHITECTURES
-    from ..evaluation.semantic_focus import run_protocol
     from ..rotary_angpt import ROPE_TYPES
     from ..sparsity_angpt import SPARSITIES
 
-    # checked against the registries the config validates against (no list of names here)
+    out = Path(args.output_dir)
+    if args.time_limit is not None and args.time_limit <= 0:
+        return f"--time-limit {args.time_limit:g}: expected a positive number of minutes"
+    if not args.resume and ((out / "metrics.jsonl").exists() or (out / "summary.json").exists()):
+        return f"{out} already holds results (metrics.jsonl); continue it with --resume or choose another --output-dir"
     for option, value, registry in (("--architecture", args.architecture, ARCHITECTURES),
                                     ("--rope-type", args.rope_type, ROPE_TYPES),
                                     ("--attention-sparsity", args.attention_sparsity, SPARSITIES)):
         if value not in registry:
-            print(f"angpt semantic-focus: error: {option} {value!r} is not registered; expected one of "
-                  f"{sorted(registry)}", file=sys.stderr)
-            return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
+            return f"{option} {value!r} is not registered; expected one of {sorted(registry)}"
+    if args.length_generalisation and args.task == "listops":
+        return ("--length-generalisation is NNCH's split; ListOps sets its lengths with --listops-min-length and "
+                "--listops-max-length")
+    return None
+
+
+def protocol_settings(args: argparse.Namespace, started: float):
+    """The protocol's settings from the command line."""
+    from ..evaluation.semantic_focus import ProtocolSettings
+
     task_kwargs = ({"min_length": args.listops_min_length, "max_length": args.listops_max_length}
                    if args.task == "listops" else {})
     if args.length_generalisation:
-        if args.task == "listops":
-            print("angpt semantic-focus: error: --length-generalisation is NNCH's split; ListOps sets its lengths with "
-                  "--listops-min-length and --listops-max-length", file=sys.stderr)
-            return 2
         task_kwargs["length_generalisation"] = True
-    model_kwargs = dict(
+    model = dict(
         num_layers=args.num_layers, hidden_size=args.hidden_size, num_heads=args.num_heads, dropout=args.dropout,
         attention_sparsity=args.attention_sparsity, attention_topk=args.attention_topk,
         attention_window=args.attention_window, attention_block_size=args.attention_block_size,
         attention_global_tokens=args.attention_global_tokens)
     if args.backbone == "paper":  # the library-only flags (--architecture, --rope-type, ...) do not apply
-        model_kwargs.update(intermediate_size=args.intermediate_size or 64, activation=args.activation)
+        model.update(intermediate_size=args.intermediate_size or 64, activation=args.activation)
     else:
-        model_kwargs.update(
-            intermediate_size=args.intermediate_size, architecture=args.architecture, qk_norm=args.qk_norm,
-            rope_type=args.rope_type, partial_rotary_factor=args.partial_rotary_factor,
-            attn_implementation=args.attn_implementation)
+        model.update(intermediate_size=args.intermediate_size, architecture=args.architecture, qk_norm=args.qk_norm,
+                     rope_type=args.rope_type, partial_rotary_factor=args.partial_rotary_factor,
+                     attn_implementation=args.attn_implementation)
+    return ProtocolSettings(
+        task=args.task, output_dir=Path(args.output_dir), model=model, backbone=args.backbone,
+        task_kwargs=task_kwargs, seed=args.seed, epochs=args.epochs, n_train=args.n_train, n_heldout=args.n_heldout,
+        batch_size=args.batch_size, lr=args.lr, gamma=args.gamma, grad_clip=args.grad_clip or None,
+        device=args.device, stop_at_train_acc=args.stop_at_train_acc, resume=args.resume,
+        deadline=None if args.time_limit is None else started + 60 * args.time_limit,
+        tensorboard=not args.no_tensorboard)
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.time()
+    if (problem := _check_arguments(args)) is not None:
+        return _error(problem)
+    import torch
+
+    from ..evaluation.semantic_focus import run_protocol
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
-        summary = run_protocol(
-            args.task, out, seed=args.seed, epochs=args.epochs, n_train=args.n_train, n_heldout=args.n_heldout,
-            batch_size=args.batch_size, lr=args.lr, gamma=args.gamma, grad_clip=args.grad_clip or None,
-            device=args.device, stop_at_train_acc=args.stop_at_train_acc, task_kwargs=task_kwargs,
-            tensorboard=not args.no_tensorboard, backbone=args.backbone, resume=args.resume,
-            deadline=None if args.time_limit is None else started + 60 * args.time_limit, **model_kwargs)
+        summary = run_protocol(protocol_settings(args, started))
     except (ValueError, FileExistsError, FloatingPointError) as error:
-        print(f"angpt semantic-focus: error: {error}", file=sys.stderr)
-        return 2
+        return _error(str(error))
     final, baselines = summary["final"], summary["baselines"]
     stopped = " (stopped at --time-limit; --resume continues it)" if summary["stopped_at_deadline"] else ""
     accuracy = ("no epoch trained" if final is None else f"final train acc {final['train_acc']:.3f}, held-out acc "
                 f"{final['heldout_acc']:.3f}")
     print(f"{args.task}: {summary['epochs_run']} epochs{stopped}, epochs to 95 % train accuracy: "
           f"{summary['epochs_to_95'] or 'not reached'}; {accuracy} (held-out baselines: majority class "
-          f"{baselines['majority_class']['heldout_acc']:.3f}, one position {baselines['one_position']['heldout_acc']:.3f})"
-          f"; results in {out}")
+          f"{baselines['majority_class']['heldout_acc']:.3f}, one position "
+          f"{baselines['one_position']['heldout_acc']:.3f}); results in {Path(args.output_dir)}")
     return 0

@@ -16,7 +16,9 @@ from . import CommandError
 
 DESCRIPTION = """Train anGPT, nGPT or GPT+ from a recipe (a YAML file of the keys listed below; every key not in
 the file takes its default). The run writes into the recipe's output_dir, which must be empty for a new run:
---resume continues the newest checkpoint there, --overwrite replaces a previous run there. Several processes:
+--resume continues the newest checkpoint there, --overwrite replaces a previous run there. Validation is capped by
+default (eval_max_batches below; a stream's validation_blocks), so its cost does not grow with the corpus.
+Several processes:
 accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml -m modeling_angpt.cli train ..."""
 
 

@@ -3,7 +3,7 @@
 The split is rebuilt from the recipe stored in `training_metadata.json` beside the weights (same corpus,
 tokenizer, block size and split seed as training), and exactly the sequences training's own evaluation scored
 are scored (eval_max_batches x per_device_eval_batch_size x processes, the first ones of the seeded random
-validation order; the whole split when the recipe set no eval_max_batches), so the figure is the one training
+validation order; the whole split when the recipe set eval_max_batches: null), so the figure is the one training
 logged, up to training's bf16 autocast. `--limit` (meant for the lm-eval tasks) does not change it.
 """
 from __future__ import annotations

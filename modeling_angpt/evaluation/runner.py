@@ -89,8 +89,8 @@ def prepare(checkpoint, options: EvalOptions) -> Plan:
                 module.preflight(checkpoint, options)
             own[suite] = module.run_suite
         offline_data = None
-        if selection.offline_tasks:
-            from .offline_tasks import task_files
+        if selection.needs_offline_data:
+            from .offline_data import task_files
 
             offline_data = task_files(options.corpus, options.data_seed)
         weights = weights_digest(checkpoint)
@@ -154,7 +154,7 @@ def _context_for(plan: Plan, config) -> int:
     lm-eval would cut the needles off the left of a longer prompt)."""
     context = config.max_position_embeddings
     if any(task.startswith("angpt_needle") for task in plan.selection.lm_eval_tasks):
-        from ..tasks.needle import MAX_NEW_TOKENS
+        from ..needle_generator import MAX_NEW_TOKENS
         from .long_context import training_length
 
         try:

@@ -42,7 +42,7 @@ class Selection:
     own_suites: list[str] = field(default_factory=list)      # perplexity / length / needle, in order
     include_paths: list[str] = field(default_factory=list)
     needs_defaults: bool = False                             # some task comes from lm-eval's own tasks
-    offline_tasks: bool = False                              # some task reads the angpt_offline data
+    needs_offline_data: bool = False                         # some task reads the angpt_offline data
     hub_datasets: dict = field(default_factory=dict)         # task -> (dataset_path, dataset_name)
 
 
@@ -168,10 +168,10 @@ def _expand_local(name: str, local: dict[str, Path], selection: Selection) -> No
     """A group of ours: note which members read offline data, which come from lm-eval (and their Hub data)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    from .offline_tasks import TASKS
+    from .offline_data import TASKS
 
     if name in TASKS:
-        selection.offline_tasks = True
+        selection.needs_offline_data = True
     config = load_yaml(local[name], resolve_func=False)
     if "group" not in config:
         if config.get("dataset_path") and not config.get("custom_dataset"):

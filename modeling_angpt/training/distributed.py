@@ -1,20 +1,20 @@
 """Launching a run over several processes, and what sharding needs: every launched process in one process group or
 the run stops, FSDP2 on CPU processes, and the weight constraint on FSDP2 shards.
 
-The process group. `accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml ...` starts the processes with
-torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On a machine without a GPU,
-accelerate would then pick no distributed backend at all (it looks for a GPU first, and for CPU only when
-asked) and every process would train alone, all writing the same output_dir. Here the CPU is asked for
-whenever several processes were launched and no GPU is there, which gives a gloo group of WORLD_SIZE processes;
-and after accelerate has started, a group of another size than the launch is an error, never a silent
-duplicate run.
+The process group. `accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml ...` starts the
+processes with torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On a machine without
+a GPU, accelerate would then pick no distributed backend at all (it looks for a GPU first, and for CPU only when
+asked) and every process would train alone, all writing the same output_dir. Here the CPU is asked for whenever
+several processes were launched and no GPU is there, which gives a gloo group of WORLD_SIZE processes; and after
+accelerate has started, a group of another size than the launch is an error, never a silent duplicate run.
 
-FSDP2 on CPU processes: what accelerate leaves out, added without changing its GPU path. accelerate applies FSDP only on accelerators: with `ACCELERATE_USE_CPU=true` its state becomes MULTI_CPU and the
-FSDP plugin from the launch config is silently dropped (accelerate/state.py sets DistributedType.FSDP only for
-MULTI_GPU-like types). torch's `fully_shard` itself runs on CPU tensors over gloo, so when both environment flags
-are set (configuration/accelerate/cpu_2proc_fsdp2.yaml, launched with ACCELERATE_USE_CPU=true) the state is
-switched to FSDP with the launch config's plugin; `prepare` then shards the model exactly as on GPUs. This is how
-the FSDP2 path (sharded constraint, sharded checkpoints) is tested on a machine without GPUs.
+FSDP2 on CPU processes: what accelerate leaves out, added without changing its GPU path. accelerate applies FSDP
+only on accelerators: with `ACCELERATE_USE_CPU=true` its state becomes MULTI_CPU and the FSDP plugin from the launch
+config is silently dropped (accelerate/state.py sets DistributedType.FSDP only for MULTI_GPU-like types). torch's
+`fully_shard` itself runs on CPU tensors over gloo, so when both environment flags are set
+(configuration/accelerate/cpu_2proc_fsdp2.yaml, launched with ACCELERATE_USE_CPU=true) the state is switched to FSDP
+with the launch config's plugin; `prepare` then shards the model exactly as on GPUs. This is how the FSDP2 path
+(sharded constraint, sharded checkpoints) is tested on a machine without GPUs.
 """
 from __future__ import annotations
 

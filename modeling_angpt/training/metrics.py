@@ -123,10 +123,17 @@ def device_peak_flops(device: torch.device, override: float | None = None,
 
 
 class MetricsLogger:
-    """Appends one JSON object per event to metrics.jsonl and mirrors scalars to TensorBoard."""
+    """Appends one JSON object per event to metrics.jsonl and mirrors scalars to TensorBoard: training's log, and the
+    semantic-focus protocol's (one line per epoch). Only an `enabled` logger (the main process) writes.
 
-    def __init__(self, output_dir: Path, report_to: list[str], enabled: bool, resume_step: int | None = None):
-        self.enabled = enabled
+    `step_key` names the counter in each line ("step" for training, "epoch" for the protocol). `resume_step` (a
+    resumed run) keeps the lines up to that step and drops what the interrupted run logged after it (it is
+    recomputed), in the JSONL file and in TensorBoard; a fresh run (None) starts a fresh file. `tensorboard_tags`
+    maps the logged keys to their TensorBoard tags; None mirrors every number under its own key."""
+
+    def __init__(self, output_dir: Path, report_to: list[str], enabled: bool, resume_step: int | None = None,
+                 step_key: str = "step", tensorboard_tags: dict[str, str] | None = None):
+        self.enabled, self.step_key, self.tags = enabled, step_key, tensorboard_tags
         self.path = Path(output_dir) / "metrics.jsonl"
         self.jsonl = enabled and "jsonl" in report_to
         self.writer = None
@@ -137,13 +144,13 @@ class MetricsLogger:
         if "tensorboard" in report_to:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(str(Path(output_dir) / "tensorboard"), purge_step=resume_step)
+            # purge_step drops the events at and after it: those logged after the state the run resumes from
+            self.writer = SummaryWriter(str(Path(output_dir) / "tensorboard"),
+                                        purge_step=None if resume_step is None else resume_step + 1)
 
     def _truncate_after(self, step: int | None) -> None:
-        """On resume drop what the interrupted run logged after its checkpoint (it is recomputed);
-        a fresh run starts a fresh file."""
         keep = [] if step is None else [line for line in self.path.read_text().splitlines()
-                                        if line and json.loads(line)["step"] <= step]
+                                        if line and json.loads(line)[self.step_key] <= step]
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, step: int, **values) -> None:
@@ -151,11 +158,12 @@ class MetricsLogger:
             return
         if self.jsonl:
             with self.path.open("a") as f:
-                f.write(json.dumps({"step": step, **values}) + "\n")
+                f.write(json.dumps({self.step_key: step, **values}) + "\n")
         if self.writer is not None:
             for key, value in values.items():
-                if isinstance(value, (int, float)):
-                    self.writer.add_scalar(key, value, step)
+                tag = key if self.tags is None else self.tags.get(key)
+                if tag is not None and isinstance(value, (int, float)):
+                    self.writer.add_scalar(tag, value, step)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -118,7 +118,11 @@ class Recipe:
 
     min_lr_ratio: float | None = _key(None, "cosine floor as a fraction of the peak (the papers: 0.01)",
                                       section="not in TrainingArguments")
-    eval_max_batches: int | None = _key(None, "cap validation cost on big corpora")
+    # Capped by default, as a stream's validation_blocks is: uncapped, 5 % of a 10 GB corpus would be scored at every
+    # eval_steps (docs/training.md, "Validation").
+    eval_max_batches: int | None = _key(8, "validation averages the first N batches per process of the split's "
+                                           "seeded random order (8 x 16 = 128 blocks at the defaults); null: the "
+                                           "whole split, whatever its size")
     peak_flops: float | None = _key(None, "per device, for MFU; None = measured once per device and cached")
     lr_width_rule: str | None = _key(None, "none | inverse_width: matrices' lr × min(1, lr_base_width/hidden_size)")
     lr_base_width: int | None = _key(None, "the width learning_rate is tuned at (anGPT default 128)")
@@ -158,6 +162,9 @@ class Recipe:
             raise ValueError(f"recipe key lr_width_rule={self.lr_width_rule!r} must be none or inverse_width")
         if self.lr_base_width is not None and self.lr_base_width <= 0:
             raise ValueError(f"recipe key lr_base_width={self.lr_base_width!r} must be > 0")
+        if self.eval_max_batches is not None and self.eval_max_batches <= 0:
+            raise ValueError(f"recipe key eval_max_batches={self.eval_max_batches!r} must be > 0, or null for the "
+                             "whole validation split")
         unknown = set(self.report_to) - {"tensorboard", "jsonl", "none"}
         if unknown:
             raise ValueError(f"recipe key report_to has unknown entries {sorted(unknown)}; "

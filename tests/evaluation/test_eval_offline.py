@@ -11,9 +11,9 @@ import sys
 import pytest
 from eval_fixtures import REPO, child_env, eval_env  # noqa: F401 (fixture)
 
-from modeling_angpt.evaluation import offline_tasks
+from modeling_angpt.evaluation import offline_data
 
-TASKS = list(offline_tasks.TASKS)
+TASKS = list(offline_data.TASKS)
 LIMIT = 6
 
 
@@ -26,7 +26,7 @@ def _values(lm_eval_results: dict) -> dict:
 
 def test_lm_eval_cli_hflm_and_angpt_eval_give_the_same_numbers(eval_env, tmp_path):
     checkpoint, corpus, cache = eval_env
-    offline_tasks.task_files(corpus)      # build once; the three routes read the same cached files
+    offline_data.task_files(corpus)      # build once; the three routes read the same cached files
     env = child_env(cache)
     cli = subprocess.Popen(
         [sys.executable, "-m", "lm_eval", "--model", "hf",
@@ -95,7 +95,7 @@ def _sentence_end(text: str) -> int:
 def test_cloze_answer_is_the_next_sentence_and_lastword_the_last_word(eval_env):
     _, corpus, _ = eval_env
     text = corpus.read_text()
-    files = offline_tasks.task_files(corpus)["files"]
+    files = offline_data.task_files(corpus)["files"]
     cloze = [json.loads(line) for line in open(files["angpt_cloze"])]
     assert len(cloze) >= 100
     for row in cloze:
@@ -112,7 +112,7 @@ def test_cloze_answer_is_the_next_sentence_and_lastword_the_last_word(eval_env):
             if k != label:
                 assert choice != true and choice[lead:] in text       # a real sentence from elsewhere
     labels = [row["label"] for row in cloze]
-    assert len(set(labels)) == offline_tasks.N_CHOICES               # the answer is not always in one place
+    assert len(set(labels)) == offline_data.N_CHOICES               # the answer is not always in one place
 
     lastword = [json.loads(line) for line in open(files["angpt_lastword"])]
     for row in lastword:
@@ -131,22 +131,22 @@ def test_cloze_answer_is_the_next_sentence_and_lastword_the_last_word(eval_env):
 def test_offline_data_are_deterministic_for_a_seed_and_cached(eval_env, tmp_path, monkeypatch):
     _, corpus, _ = eval_env
     monkeypatch.setenv("ANGPT_EVAL_CACHE", str(tmp_path / "a"))
-    first = offline_tasks.task_files(corpus, 5)
+    first = offline_data.task_files(corpus, 5)
     assert first["built"]
     stamps = {task: (tmp_path / "a" / path).stat().st_mtime_ns for task, path in first["files"].items()}
-    again = offline_tasks.task_files(corpus, 5)
+    again = offline_data.task_files(corpus, 5)
     assert not again["built"] and again["files"] == first["files"]
     assert stamps == {task: (tmp_path / "a" / path).stat().st_mtime_ns for task, path in again["files"].items()}
 
     monkeypatch.setenv("ANGPT_EVAL_CACHE", str(tmp_path / "b"))
-    elsewhere = offline_tasks.task_files(corpus, 5)
+    elsewhere = offline_data.task_files(corpus, 5)
     assert elsewhere["built"]
     for task in TASKS:
         assert open(elsewhere["files"][task], "rb").read() == open(first["files"][task], "rb").read()
-    other_seed = offline_tasks.task_files(corpus, 6)
+    other_seed = offline_data.task_files(corpus, 6)
     assert open(other_seed["files"]["angpt_cloze"], "rb").read() != open(first["files"]["angpt_cloze"], "rb").read()
     # what lm-eval receives through custom_dataset: the cached rows, in order
-    dataset = offline_tasks.load_task("angpt_cloze", corpus=str(corpus), data_seed=5, pretrained="ignored")
+    dataset = offline_data.load_task("angpt_cloze", corpus=str(corpus), data_seed=5, pretrained="ignored")
     assert dataset["test"].to_list() == [json.loads(line) for line in open(first["files"]["angpt_cloze"])]
     assert not list((tmp_path / "b").glob(".*tmp*"))   # atomic writes leave no temporary files
 
@@ -163,7 +163,7 @@ def test_recipe_corpus_draws_only_on_the_validation_split(eval_env, tmp_path):
     recipe_path.write_text(yaml.safe_dump({"dataset": str(corpus), "tokenizer": str(checkpoint), "block_size": 32,
                                            "validation_fraction": 0.2, "data_seed": 7,
                                            "data_cache_dir": str(tmp_path / "data")}))
-    files = offline_tasks.task_files(recipe_path, 3)["files"]
+    files = offline_data.task_files(recipe_path, 3)["files"]
     recipe = load_recipe(recipe_path)
     tokenizer, train, val, _ = build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
     # the training text, block by block (joined by a character no item contains)
@@ -178,15 +178,15 @@ def test_recipe_corpus_draws_only_on_the_validation_split(eval_env, tmp_path):
 
 
 def test_default_corpus_is_the_demo_recipes_validation_split():
-    spec = offline_tasks.resolve_corpus(None)
+    spec = offline_data.resolve_corpus(None)
     assert spec.kind == "recipe" and spec.path.name == "demo_cpu.yaml" and "Shakespeare" in spec.description
     with pytest.raises(FileNotFoundError, match="corpus text file not found"):
-        offline_tasks.resolve_corpus("/nonexistent/heldout.txt")
+        offline_data.resolve_corpus("/nonexistent/heldout.txt")
 
 
 @pytest.mark.slow
 def test_demo_corpus_builds(tmp_path, monkeypatch):
     monkeypatch.setenv("ANGPT_EVAL_CACHE", str(tmp_path))
-    info = offline_tasks.task_files(None)
+    info = offline_data.task_files(None)
     counts = {task: sum(1 for _ in open(path)) for task, path in info["files"].items()}
     assert counts["angpt_cloze"] > 1000 and counts["angpt_lastword"] > 1000 and counts["angpt_rolling_perplexity"] > 300

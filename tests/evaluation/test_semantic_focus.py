@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from modeling_angpt.evaluation.semantic_focus import TASKS, build_splits, build_tokenizer, generate_samples
+from modeling_angpt.evaluation.semantic_focus import TASKS, build_splits, build_tokenizer, generate_samples, get_task
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 NNCH = [name for name in TASKS if name != "listops"]
 
 
-# --- independent checkers: each recomputes the label another way than tasks.py / listops.py -------------------
+# --- independent checkers: each recomputes the label another way than task_definitions.py / listops.py ---------
 def check_even_pairs(s):  # count the ab/ba transitions (the generator compares first and last)
     return sum(a != b for a, b in zip(s, s[1:])) % 2
 
@@ -141,7 +141,7 @@ def test_paper_sizes_and_fixed_tokenizer(tmp_path):
     splits = build_splits("solve_equation", seed=0)  # the paper's 5000 / 2000
     assert (len(splits["train"]), len(splits["heldout"])) == (5000, 2000)
     assert {len(ids) for ids in splits["heldout"]["input_ids"]} == {40}
-    tokenizer = build_tokenizer("solve_equation")
+    tokenizer = build_tokenizer(get_task("solve_equation"))
     assert len(tokenizer) == 2 + len(TASKS["solve_equation"].symbols) and tokenizer.pad_token_id == 0
     tokenizer.save_pretrained(tmp_path)
     loaded = AutoTokenizer.from_pretrained(tmp_path)

@@ -9,7 +9,7 @@ import pytest
 
 from modeling_angpt.evaluation.semantic_focus import TASKS, generate_samples
 from modeling_angpt.evaluation.semantic_focus.baselines import trivial_baselines
-from modeling_angpt.evaluation.semantic_focus.protocol import run_protocol
+from modeling_angpt.evaluation.semantic_focus.protocol import ProtocolSettings, run_protocol
 
 
 def test_one_position_rule_finds_the_position_that_decides_the_label():
@@ -39,8 +39,8 @@ def test_stack_manipulation_one_position_rule_is_the_last_action_shortcut():
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_task_result_carries_its_baselines(task):
     kwargs = {"min_length": 30, "max_length": 60, "max_depth": 3} if task == "listops" else {}
-    summary = run_protocol(task, None, epochs=0, n_train=60, n_heldout=30, task_kwargs=kwargs, log=lambda _: None,
-                           num_layers=1)
+    summary = run_protocol(ProtocolSettings(task, None, epochs=0, n_train=60, n_heldout=30, task_kwargs=kwargs,
+                                            model=dict(num_layers=1)), log=lambda _: None)
     baselines = summary["baselines"]
     assert set(baselines) == {"majority_class", "one_position"}
     assert 0.0 <= baselines["majority_class"]["heldout_acc"] <= 1.0

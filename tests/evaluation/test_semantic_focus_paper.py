@@ -104,32 +104,36 @@ def test_embedding_is_scaled_and_padding_is_pooled():
 
 
 def test_run_protocol_with_the_paper_backbone_saves_and_reloads(tmp_path):
-    from modeling_angpt.evaluation.semantic_focus import build_splits, build_tokenizer, run_protocol
-    from modeling_angpt.evaluation.semantic_focus.protocol import OutputExistsError, as_tensors, evaluate
+    from modeling_angpt.evaluation.semantic_focus import (ProtocolSettings, build_splits, build_tokenizer, get_task,
+                                                          run_protocol)
+    from modeling_angpt.evaluation.semantic_focus.classifier import as_tensors, evaluate
+    from modeling_angpt.evaluation.semantic_focus.protocol import OutputExistsError
 
     out = tmp_path / "run"
-    summary = run_protocol("parity", out, epochs=2, n_train=50, n_heldout=20, backbone="paper", num_layers=2,
-                           attention_sparsity="topk", tensorboard=False, log=lambda line: None)
+    summary = run_protocol(ProtocolSettings("parity", out, epochs=2, n_train=50, n_heldout=20, backbone="paper",
+                                            model=dict(num_layers=2, attention_sparsity="topk"), tensorboard=False),
+                           log=lambda line: None)
     assert summary["backbone"] == "paper" and summary["architecture"] == "paper" and summary["epochs_run"] == 2
     run = json.loads((out / "run.json").read_text())
     assert run["backbone"] == "paper" and run["model_config"]["attention_sparsity"] == "topk"
     loaded = PaperEncoderForSequenceClassification.load(out / "model").eval()
     data = as_tensors(build_splits("parity", seed=0, n_train=50, n_heldout=20)["heldout"],
-                      build_tokenizer("parity").pad_token_id, 40)
+                      build_tokenizer(get_task("parity")).pad_token_id, 40)
     assert evaluate(loaded, data, 10, "cpu", True)[1] == pytest.approx(summary["final"]["heldout_acc"])
     with pytest.raises(OutputExistsError):
-        run_protocol("parity", out, epochs=1, n_train=10, n_heldout=5, backbone="paper")
+        run_protocol(ProtocolSettings("parity", out, epochs=1, n_train=10, n_heldout=5, backbone="paper"))
     with pytest.raises(ValueError, match="rope_type"):
-        run_protocol("parity", None, epochs=1, n_train=10, n_heldout=5, backbone="paper", rope_type="none")
+        run_protocol(ProtocolSettings("parity", None, epochs=1, n_train=10, n_heldout=5, backbone="paper",
+                                      model=dict(rope_type="none")))
 
 
 def test_listops_runs_padded_to_a_multiple_of_the_mask_size():
-    from modeling_angpt.evaluation.semantic_focus import run_protocol
-    from modeling_angpt.evaluation.semantic_focus.protocol import paper_width
+    from modeling_angpt.evaluation.semantic_focus import ProtocolSettings, run_protocol
+    from modeling_angpt.evaluation.semantic_focus.classifier import paper_width
 
-    summary = run_protocol("listops", None, epochs=1, n_train=10, n_heldout=5, backbone="paper", num_layers=1,
-                           attention_sparsity="block", task_kwargs={"min_length": 21, "max_length": 33},
-                           log=lambda line: None)
+    summary = run_protocol(ProtocolSettings("listops", None, epochs=1, n_train=10, n_heldout=5, backbone="paper",
+                                            model=dict(num_layers=1, attention_sparsity="block"),
+                                            task_kwargs={"min_length": 21, "max_length": 33}), log=lambda line: None)
     assert summary["epochs_run"] == 1
     assert paper_width(33, {"attention_sparsity": "block", "attention_block_size": 5}) == 35
     assert paper_width(33, {"attention_sparsity": "none"}) == 33

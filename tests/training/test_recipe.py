@@ -29,10 +29,23 @@ def test_overrides_coerce_to_the_declared_types(tmp_path):
     ({"max_steps": "many"}, "max_steps='many' has the wrong type"),
     ({"max_steps": 0}, "max_steps=0 must be > 0"),
     ({"learning_rate": float("nan")}, "learning_rate=nan must be a finite number > 0"),
+    ({"eval_max_batches": 0}, "eval_max_batches=0 must be > 0, or null"),
 ])
 def test_bad_recipe_values_name_the_key(bad, message):
     with pytest.raises(ValueError, match=message):
         recipe_from_dict(bad)
+
+
+def test_validation_is_capped_by_default_and_null_lifts_the_cap():
+    """A recipe that keeps the defaults scores 8 batches of 16 blocks per process, whatever the corpus's size
+    (docs/training.md, "Validation"); eval_max_batches: null scores every held-out block."""
+    from modeling_angpt.training.data import scored_validation_blocks
+
+    default = recipe_from_dict({})
+    assert scored_validation_blocks(default, 1_000_000) == 8 * 16
+    assert scored_validation_blocks(default, 1_000_000, processes=2) == 2 * 8 * 16
+    assert scored_validation_blocks(default, 50) == 50
+    assert scored_validation_blocks(recipe_from_dict({"eval_max_batches": None}), 1_000_000) == 1_000_000
 
 
 def test_override_of_unknown_key_suggests_close_names():

@@ -80,18 +80,21 @@ def test_train_refuses_a_run_directory_another_process_is_training_in(flag, writ
 
 
 def test_semantic_focus_refuses_a_run_another_process_is_writing(tmp_path, held_by_another_process):
-    from modeling_angpt.evaluation.semantic_focus import run_protocol
+    from modeling_angpt.evaluation.semantic_focus import ProtocolSettings, run_protocol
     from modeling_angpt.training.run_dir import RunDirInUseError
 
-    small = dict(n_train=40, n_heldout=10, num_layers=1, backbone="paper", tensorboard=False, save_model=False,
-                 log=lambda line: None)
+    def run(epochs: int, resume: bool = False) -> dict:
+        return run_protocol(ProtocolSettings("parity", out, epochs=epochs, resume=resume, n_train=40, n_heldout=10,
+                                             model=dict(num_layers=1), backbone="paper", tensorboard=False,
+                                             save_model=False), log=lambda line: None)
+
     out = tmp_path / "run"
-    run_protocol("parity", out, epochs=1, **small)
+    run(epochs=1)
     before = snapshot(tmp_path)
     holder = held_by_another_process(out)
     with pytest.raises(RunDirInUseError, match=str(out)):
-        run_protocol("parity", out, epochs=2, resume=True, **small)
+        run(epochs=2, resume=True)
     assert snapshot(tmp_path) == before
     holder.kill()
     holder.wait()
-    assert run_protocol("parity", out, epochs=2, resume=True, **small)["epochs_run"] == 2
+    assert run(epochs=2, resume=True)["epochs_run"] == 2

@@ -1,5 +1,5 @@
-"""Generators of the semantic-focus tasks (Ram et al., "Transformers Learn Faster with Semantic Focus";
-docs/evaluation.md, "Semantic-focus tasks").
+"""The semantic-focus task definitions: each task's symbols, classes and generator, and the seeded splits (Ram et
+al., "Transformers Learn Faster with Semantic Focus"; docs/evaluation.md, "Semantic-focus tasks").
 
 Seven tasks of Delétang et al.'s "Neural networks and the Chomsky hierarchy" (NNCH) at a fixed length of 40
 symbols, and ListOps (Nangia & Bowman, in the Long Range Arena generator's form; `listops.py`). Each sample is
@@ -50,13 +50,14 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .listops import LISTOPS_SYMBOLS, sample_listops
+from .tokenizer import build_tokenizer
 
 Sample = tuple[list[str], int]
 
 
 @dataclass(frozen=True)
 class Task:
-    """A task: its symbols, classes, sampler and the paper's protocol (protocol.py)."""
+    """A task: its symbols, classes, sampler and the paper's training settings for it (protocol.py)."""
 
     name: str
     symbols: tuple[str, ...]
@@ -234,10 +235,8 @@ def build_splits(task: str, seed: int = 0, n_train: int = 5000, n_heldout: int =
     training lengths 1–40 and held-out lengths 41–500."""
     from datasets import ClassLabel, Dataset, DatasetDict, Features, Sequence, Value
 
-    from .tokenizer import build_tokenizer
-
     spec = get_task(task)
-    tokenizer = build_tokenizer(task)
+    tokenizer = build_tokenizer(spec)
     if length_generalisation:
         tokenizer.model_max_length = HELDOUT_LENGTHS[1]
         if "length" in length_kwargs:
