@@ -29,7 +29,6 @@ from transformers.cache_utils import DynamicCache, StaticCache
 
 import modeling_angpt  # noqa: F401
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
-from modeling_angpt.modeling_angpt import OUTPUT_CACHE_FIELD as CACHE  # the KV cache's argument name (5.24: cache)
 from results_file import help_description
 
 
@@ -105,11 +104,11 @@ def decode_time(model, ids, steps, compiled=False, capacity=None):
         cache.reset()
     else:
         cache, step = DynamicCache(config=model.config), model
-    out = model(ids, **{CACHE: cache}, use_cache=True, logits_to_keep=1)
+    out = model(ids, cache=cache, use_cache=True, logits_to_keep=1)
     token = out.logits[:, -1:].argmax(-1)
     start = clocks()
     for _ in range(steps):
-        out = step(token, **{CACHE: cache}, use_cache=True)
+        out = step(token, cache=cache, use_cache=True)
         token = out.logits[:, -1:].argmax(-1)
     return elapsed(start)
 

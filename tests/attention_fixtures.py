@@ -66,14 +66,14 @@ def decode_incrementally(model, ids, mask, prefill: int, steps=(1,), **kwargs) -
     with torch.no_grad():
         out = model(ids[:, :prefill], attention_mask=None if mask is None else mask[:, :prefill], use_cache=True,
                     **kwargs)
-        pieces, cache = [out.logits], out.past_key_values
+        pieces, cache = [out.logits], out.cache
         start, i = prefill, 0
         while start < ids.shape[1]:
             end, i = min(start + steps[i % len(steps)], ids.shape[1]), i + 1
             out = model(ids[:, start:end], attention_mask=None if mask is None else mask[:, :end],
                         cache=cache, use_cache=True, **kwargs)
             pieces.append(out.logits)
-            cache, start = out.past_key_values, end
+            cache, start = out.cache, end
     return torch.cat(pieces, dim=1)
 
 

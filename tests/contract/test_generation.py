@@ -8,15 +8,11 @@ from transformers import DynamicCache
 from transformers.generation import GenerateBeamDecoderOnlyOutput, GenerateDecoderOnlyOutput
 
 from conftest import ARCHITECTURES
-from modeling_angpt.modeling_angpt import OUTPUT_CACHE_FIELD
 from contract_fixtures import VOCAB, causal_lm, ids, single_thread  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 GREEDY = dict(do_sample=False, pad_token_id=0)
-# transformers 5.24 renamed generate()'s cache argument with the output field (`past_key_values` → `cache`, the old
-# name deprecated): the test passes the cache by the name the installed version takes.
-CACHE_ARGUMENT = OUTPUT_CACHE_FIELD
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
@@ -40,7 +36,7 @@ def test_generation_contract(architecture):
     from_embeds = model.generate(inputs_embeds=model.model.embed_tokens(prompt), max_new_tokens=new, **GREEDY)
     assert torch.equal(from_embeds, sequences[:, 6:])
     cache = DynamicCache(config=model.config)
-    assert torch.equal(model.generate(prompt, max_new_tokens=new, **{CACHE_ARGUMENT: cache}, **GREEDY), sequences)
+    assert torch.equal(model.generate(prompt, max_new_tokens=new, cache=cache, **GREEDY), sequences)
     assert cache.get_seq_length() == 6 + new - 1
     lookup = model.generate(prompt[:1], max_new_tokens=new, prompt_lookup_num_tokens=2, **GREEDY)
     assert torch.equal(lookup, sequences[:1])
@@ -49,7 +45,7 @@ def test_generation_contract(architecture):
 
     # continuing from the returned cache equals one longer generation (test_generate_continue_from_past_key_values)
     first = model.generate(prompt, max_new_tokens=3, return_dict_in_generate=True, **GREEDY)
-    continued = model.generate(first.sequences, max_new_tokens=new - 3, **{CACHE_ARGUMENT: first.past_key_values},
+    continued = model.generate(first.sequences, max_new_tokens=new - 3, cache=first.cache,
                                **GREEDY)
     assert torch.equal(continued, sequences)
 

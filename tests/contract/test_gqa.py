@@ -38,8 +38,8 @@ def test_gqa_backends_cache_fold_and_reload(tmp_path, monkeypatch, architecture)
         model.set_attn_implementation("eager")
         full = model(tokens).logits
         out = model(tokens[:, :6], use_cache=True)
-        assert out.past_key_values.layers[0].keys.shape == (2, 2, 6, 12)  # the cache holds the key/value heads
-        steps = [out.logits] + [model(tokens[:, t:t + 1], cache=out.past_key_values, use_cache=True).logits
+        assert out.cache.layers[0].keys.shape == (2, 2, 6, 12)  # the cache holds the key/value heads
+        steps = [out.logits] + [model(tokens[:, t:t + 1], cache=out.cache, use_cache=True).logits
                                 for t in range(6, 10)]
         torch.testing.assert_close(torch.cat(steps, 1), full, rtol=0, atol=1e-5)
         torch.testing.assert_close(model.fold()(tokens).logits, full, rtol=0, atol=1e-5)

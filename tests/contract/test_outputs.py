@@ -105,8 +105,8 @@ def test_past_key_values_reuse(architecture):
     with torch.no_grad():
         full = model(tokens).logits
         prefix = model(tokens[:, :7], use_cache=True)
-        rest = model(tokens[:, 7:], cache=prefix.past_key_values, use_cache=True)
-    assert prefix.past_key_values.get_seq_length() == 12
+        rest = model(tokens[:, 7:], cache=prefix.cache, use_cache=True)
+    assert prefix.cache.get_seq_length() == 12
     torch.testing.assert_close(torch.cat([prefix.logits, rest.logits], 1), full, rtol=0, atol=1e-5)
 
 

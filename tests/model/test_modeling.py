@@ -70,10 +70,10 @@ def test_cached_decoding_equals_full_forward(tiny_config, architecture, implemen
         full = model(ids).logits
         out = model(ids[:, :5], use_cache=True)
         steps = [out.logits]
-        cache = out.past_key_values
+        cache = out.cache
         for t in range(5, 12):
             out = model(ids[:, t:t + 1], cache=cache, use_cache=True)
-            cache = out.past_key_values
+            cache = out.cache
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max() <= 1e-5
 
