@@ -25,6 +25,27 @@ LOADING_NOTE = (
     "load it without `trust_remote_code`; installing the package alone does not (without the import they ask for "
     "`trust_remote_code=True`).")
 
+# Fine-tuning the training form with transformers' Trainer or TRL's trainers (tests/tools/test_trl.py checks the card
+# names the callback and that the callback keeps the constraint: docs/tools.md, "TRL").
+FINE_TUNING_NOTE = (
+    "transformers' `Trainer` and TRL's trainers (`SFTTrainer`, packing included) fine-tune this checkpoint, but they "
+    "know nothing of the weight constraint of {title} on its matrices: pass `WeightConstraintCallback` from the `angpt` "
+    "package, which applies it after every optimiser step (without it the constraint is lost in a few steps):")
+FINE_TUNING_SNIPPET = (
+    "from modeling_angpt.training import WeightConstraintCallback\n"
+    "trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, callbacks=[WeightConstraintCallback()])")
+
+
+def fine_tuning_section(config) -> list[str]:
+    """The card's "Fine-tuning" lines: which callback keeps the weight constraint (none for a folded checkpoint,
+    which refuses training, or for an architecture without a constraint)."""
+    strategy = ARCHITECTURES.get(config.architecture)
+    if config.folded or getattr(strategy, "norm_axis", None) is None:
+        return []
+    title = getattr(strategy, "title", None) or config.architecture
+    return ["## Fine-tuning", "", FINE_TUNING_NOTE.format(title=title), "",
+            "```python", FINE_TUNING_SNIPPET, "```", ""]
+
 
 def attention_summary(config) -> dict:
     rope = config.rope_parameters or {}
@@ -110,6 +131,7 @@ def model_card_text(config, card_info: dict | None = None, model_id: str | None 
         "## Usage", "",
         LOADING_NOTE, "",
         "```python", _usage(model_id, causal, has_tokenizer).rstrip(), "```", "",
+        *fine_tuning_section(config),
     ]
     return "\n".join(lines)
 

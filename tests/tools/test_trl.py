@@ -3,7 +3,7 @@ packing: sequences share a row, positions restart at each one, no attention mask
 architectures, and `WeightConstraintCallback` (modeling_angpt/training/callbacks.py) keeps anGPT's rows in the unit
 ball and nGPT's matrices on the unit sphere (docs/architectures.md, "Weight constraints"); without it anGPT's rows
 leave the ball. The loss of TRL's packed batches equals the loss of each sequence alone, and of TRL's padded batches.
-Tiny models, a local tokenizer, a few lines of local text."""
+The model card (modeling_angpt/hub.py) names the callback, and its snippet runs as written. Tiny models, a local tokenizer, a few lines of local text."""
 from __future__ import annotations
 
 import pytest
@@ -102,3 +102,37 @@ def test_packed_loss_equals_unpacked(tmp_path, tiny_config, tokenizer, architect
     expected = _mean_token_loss(model, alone)
     assert abs(_mean_token_loss(model, packed) - expected) <= 1e-5
     assert abs(_mean_token_loss(model, padded) - expected) <= 1e-5
+
+
+def _card_snippet(directory) -> str | None:
+    text = (directory / "README.md").read_text()
+    if "## Fine-tuning" not in text:
+        return None
+    return text.split("## Fine-tuning", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_model_card_names_the_callback_and_its_snippet_runs(tmp_path, tiny_config, tokenizer):
+    from checkpoint_fixtures import save_source
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from modeling_angpt.export import export_checkpoint
+
+    for architecture in ("gptplus", "ngpt", "angpt"):
+        save_source(tmp_path / architecture, tiny_config, architecture, vocab_size=len(tokenizer))
+        tokenizer.save_pretrained(tmp_path / architecture)
+    export_checkpoint(tmp_path / "angpt", tmp_path / "folded")
+    assert _card_snippet(tmp_path / "gptplus") is None   # no constraint to keep
+    assert _card_snippet(tmp_path / "folded") is None    # a folded checkpoint refuses training
+    assert "WeightConstraintCallback" in _card_snippet(tmp_path / "ngpt")
+    snippet = _card_snippet(tmp_path / "angpt")
+    assert "from modeling_angpt.training import WeightConstraintCallback" in snippet
+    # the snippet as written, with what a user has around it (SFTTrainer takes the tokenizer saved beside the model)
+    model = AnGPTForCausalLM.from_pretrained(tmp_path / "angpt", dtype=torch.float32)
+    args = SFTConfig(output_dir=str(tmp_path / "sft"), packing=True, max_length=64, max_steps=4, learning_rate=0.05,
+                     per_device_train_batch_size=2, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True)
+    namespace = {"SFTTrainer": SFTTrainer, "model": model, "args": args,
+                 "dataset": Dataset.from_dict({"text": LINES})}
+    exec(snippet, namespace)
+    namespace["trainer"].train()
+    assert _constraint_violation(model) <= 1e-6
