@@ -28,7 +28,7 @@ class LogitTransform:
     head_values: config -> one float per query head, handed to `score` as head_value (ALiBi's slopes); else None.
     additive: score(S) = S + f(positions, head): SDPA runs it as a float bias (flash-attn only ALiBi, `flash_alibi`).
     query_scale: (per-head learnable scale [h], layout) -> [b, h, q, 1] factor on q; runs on every kernel (LogN).
-    query_scale_init: config -> initial value of that learnable per-head scale (parameter `self_attn.logn_scale`).
+    query_scale_init: config -> initial value of that learnable per-head scale (parameter `self_attn.query_head_scale`).
     """
     name: str
     score: Callable | None = None

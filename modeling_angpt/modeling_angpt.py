@@ -141,11 +141,13 @@ class AnGPTAttention(nn.Module):
         self.qk_scale = arch.qk_scale(config)
         self.query_gain = arch.query_gain(config)  # folded form only: c_q = √d_h·s_qk² (docs/inference-fold.md)
         # A query-scaling transform (LogN/SSMax, docs/attention.md): one learnable s per head, q ← s_h·log(n)·q;
-        # filled in _init_weights (the state-dict name stays `logn_scale`)
+        # filled in _init_weights. Checkpoints saved before it had this name store it as `logn_scale`
+        # (pretrained_angpt.RENAMED_PARAMETERS renames it on loading).
         self.logit_transform = LOGIT_TRANSFORMS[config.attention_logit_transform]
-        self.logn_scale = None
+        self.query_head_scale = None
         if self.logit_transform.query_scale is not None:
-            self.logn_scale = nn.Parameter(torch.full((self.num_heads,), self.logit_transform.query_scale_init(config)))
+            self.query_head_scale = nn.Parameter(torch.full((self.num_heads,),
+                                                            self.logit_transform.query_scale_init(config)))
 
     def forward(self, hidden_states: torch.Tensor, position_embeddings, attention_mask, past_key_values=None,
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -168,10 +170,10 @@ class AnGPTAttention(nn.Module):
             key, value = update_paged_cache(past_key_values, key, value, self.layer_idx, kwargs)
         elif past_key_values is not None:
             key, value = past_key_values.update(key, value, self.layer_idx)
-        if self.logn_scale is not None:  # LogN as a query scaling, so every kernel runs it (docs/attention.md)
+        if self.query_head_scale is not None:  # LogN as a query scaling, so every kernel runs it (docs/attention.md)
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
                                                                                    self.is_causal)
-            query = query * self.logit_transform.query_scale(self.logn_scale, layout).to(query.dtype)
+            query = query * self.logit_transform.query_scale(self.query_head_scale, layout).to(query.dtype)
         # the registered backend (checked where it was chosen: it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)

@@ -38,6 +38,21 @@ def check_logits_need_no_head(config) -> None:
                          "serve the folded checkpoint instead (`angpt export SRC DST` folds s_z into lm_head)")
 
 
+# Parameters renamed since checkpoints were first saved: the name a checkpoint saved before stores -> the name now.
+# from_pretrained renames them with transformers' `key_mapping` (a checkpoint loaded so is saved again in its own
+# format, as transformers does), torch's `load_state_dict` (training's resume) with `rename_old_parameters`.
+# LogN's per-head scale was `logn_scale`; it holds any query-scaling transform's scale (docs/attention.md).
+RENAMED_PARAMETERS = {"self_attn.logn_scale": "self_attn.query_head_scale"}
+
+
+def rename_old_parameters(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """A load_state_dict pre-hook: the keys of `state_dict` under `prefix` that carry an old name get the new one."""
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        for old, new in RENAMED_PARAMETERS.items():
+            if key.endswith("." + old):
+                state_dict[key[:-len(old)] + new] = state_dict.pop(key)
+
+
 class CheckpointMismatchError(RuntimeError, ValueError):
     """A checkpoint tensor whose shape differs from the model's: a RuntimeError as transformers raises it, and a
     ValueError as this project's command-line tools report a bad checkpoint (one line, no traceback)."""
@@ -85,7 +100,9 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         in transformers' load report; a shape mismatch raises a RuntimeError as transformers does (naming the
         tensors; CheckpointMismatchError) unless `ignore_mismatched_sizes=True`, which re-initialises them. Stricter than transformers: any other
         missing tensor (of the base model, or of the head the checkpoint was saved with) is an error naming the
-        tensors, never a silently re-initialised, half-loaded model."""
+        tensors, never a silently re-initialised, half-loaded model. A checkpoint saved before a parameter was renamed
+        loads under the new name (RENAMED_PARAMETERS)."""
+        kwargs["key_mapping"] = {**RENAMED_PARAMETERS, **(kwargs.get("key_mapping") or {})}
         ignore_mismatched = kwargs.pop("ignore_mismatched_sizes", False)
         wants_info = kwargs.pop("output_loading_info", False)
         source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
@@ -113,6 +130,12 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             raise ValueError(f"checkpoint {source} does not match its config ({len(missing)} tensors): "
                              + "; ".join(missing[:8]))
         return (model, info) if wants_info else model
+
+    def post_init(self):
+        """transformers' post_init; then torch's load_state_dict also takes a parameter's old name (training resumes
+        a run saved before the rename)."""
+        super().post_init()
+        self.register_load_state_dict_pre_hook(rename_old_parameters)
 
     def save_pretrained(self, *args, **kwargs):
         """transformers' saving; a checkpoint saved for remote code names every Auto class in `auto_map`, not only
@@ -165,8 +188,8 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             init.constant_(module.weight, module.scale)
         elif isinstance(module, Gain):
             init.ones_(module.weight)
-        elif getattr(module, "logn_scale", None) is not None:  # AnGPTAttention with a query-scaling transform
-            init.constant_(module.logn_scale, module.logit_transform.query_scale_init(self.config))
+        elif getattr(module, "query_head_scale", None) is not None:  # AnGPTAttention with a query-scaling transform
+            init.constant_(module.query_head_scale, module.logit_transform.query_scale_init(self.config))
         elif isinstance(getattr(module, "inv_freq", None), torch.Tensor):  # the rotary embedding
             # Non-persistent buffer: from_pretrained builds on the meta device, so it must be re-filled here.
             init.copy_(module.inv_freq, module.reset_parameters())

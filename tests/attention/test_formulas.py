@@ -135,7 +135,7 @@ def test_logn_is_a_query_scaling_by_log_position(monkeypatch):
     # the query reaching the kernel is s_h·log(i+1)·q, i = absolute position (n = i + 1 visible keys)
     model = build(make_config("logn", "none", "gptplus", {"rope_type": "none"}, logn_init=0.4), "eager")
     plain = build(make_config("none", "none", "gptplus", {"rope_type": "none"}), "eager")
-    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "logn" not in k})
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "query_head_scale" not in k})
     backend = attention_angpt.ATTENTION_BACKENDS["eager"]
     captured, original = [], backend.function
 
@@ -147,7 +147,7 @@ def test_logn_is_a_query_scaling_by_log_position(monkeypatch):
     ids = torch.randint(1, 101, (1, 10))
     logits(model, ids)
     logits(plain, ids)
-    s_h = model.model.layers[0].self_attn.logn_scale.detach().view(1, 4, 1, 1)
+    s_h = model.model.layers[0].self_attn.query_head_scale.detach().view(1, 4, 1, 1)
     assert not torch.allclose(s_h, torch.full_like(s_h, 0.4))  # perturbed per head, so a wrong head order shows
     scale = s_h * torch.log(torch.arange(1, 11.0)).view(1, 1, 10, 1)
     torch.testing.assert_close(captured[0], captured[2] * scale, rtol=1e-6, atol=1e-6)

@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from modeling_angpt import AnGPTForCausalLM
 
@@ -37,10 +38,29 @@ CHILD = textwrap.dedent("""
 """)
 
 
+# The nGPT checkpoint carries LogN, its per-head query scale stored under the name checkpoints saved before the rename
+# use (`logn_scale`; pretrained_angpt.RENAMED_PARAMETERS): the fresh interpreter loads it under today's name.
+OLD_NAMES = {"ngpt": dict(attention_logit_transform="logn", logn_init=0.4)}
+
+
+def store_old_names(checkpoint) -> None:
+    tensors = load_file(checkpoint)
+    old = {key.replace("self_attn.query_head_scale", "self_attn.logn_scale"): value for key, value in tensors.items()}
+    assert sum(key.endswith("self_attn.logn_scale") for key in old) == 2  # one per layer
+    save_file(old, checkpoint, metadata={"format": "pt"})
+
+
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_trust_remote_code_in_fresh_interpreter(tmp_path, tiny_config, architecture):
-    model = AnGPTForCausalLM._from_config(tiny_config(architecture), attn_implementation="eager").eval()
+    config = tiny_config(architecture, **OLD_NAMES.get(architecture, {}))
+    model = AnGPTForCausalLM._from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():  # a learned scale away from its init, so a scale left at init shows
+        for layer in model.model.layers:
+            if layer.self_attn.query_head_scale is not None:
+                layer.self_attn.query_head_scale.mul_(3.0)
     model.save_pretrained(tmp_path)
+    if architecture in OLD_NAMES:
+        store_old_names(tmp_path / "model.safetensors")
     ids = torch.randint(0, 101, (2, 10))
     result = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path), json.dumps(ids.tolist())],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -44,3 +44,20 @@ def test_saved_checkpoint_gives_the_recorded_logits(name):
         assert torch.equal(logits, recorded), (logits - recorded).abs().max()
     else:
         torch.testing.assert_close(logits, recorded, rtol=0, atol=1e-6)
+
+
+def test_a_state_dict_saved_before_a_rename_loads_with_torch_too():
+    """Training resumes with torch's load_state_dict, not from_pretrained: the LogN checkpoint stores its per-head
+    query scale as `logn_scale` (its name before the rename), and it loads under today's name there too
+    (pretrained_angpt.RENAMED_PARAMETERS)."""
+    from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+
+    directory = GOLDEN / "ngpt_logn_block"
+    saved = load_file(str(directory / "model.safetensors"))
+    assert sum(key.endswith("self_attn.logn_scale") for key in saved) == AnGPTConfig.from_pretrained(
+        directory).num_hidden_layers
+    model = AnGPTForCausalLM(AnGPTConfig.from_pretrained(directory))
+    model.load_state_dict(saved, strict=True)
+    reference = AnGPTForCausalLM.from_pretrained(directory).state_dict()
+    assert model.state_dict().keys() == reference.keys()
+    assert all(torch.equal(value, reference[key]) for key, value in model.state_dict().items())

@@ -72,7 +72,7 @@ def test_logn_runs_in_the_paged_path():
     """LogN is a query scaling: its n = position + 1 comes from the flattened batch's positions."""
     model = AnGPTForCausalLM(tiny("angpt", attention_logit_transform="logn")).eval()
     with torch.no_grad():
-        model.model.layers[0].self_attn.logn_scale.mul_(3.0)  # far from its init, so a wrong n shows
+        model.model.layers[0].self_attn.query_head_scale.mul_(3.0)  # far from its init, so a wrong n shows
     assert continuous_batching(model) == greedy_alone(model)
 
 
