@@ -85,7 +85,7 @@ def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
     return float(total / max(count, 1))
 
 
-def _check_finite(what: str, value: float, step: int, output_dir: Path, run: "_Run | None" = None) -> None:
+def check_finite(what: str, value: float, step: int, output_dir: Path, run: "Run | None" = None) -> None:
     if not math.isfinite(value):
         last = run_dir.latest_checkpoint(output_dir)
         knobs = blow_up_knobs(run.raw_model, run.optimizer) if run is not None else ""  # what to turn
@@ -112,7 +112,7 @@ def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.T
 
 
 @dataclass
-class _Run:
+class Run:
     """Everything a run holds once built (prepared by accelerate)."""
     recipe: Recipe
     accelerator: object
@@ -127,7 +127,7 @@ class _Run:
     stream: object = None  # the batch iterator (batch_stream), set when the loop starts
 
 
-def _preflight(recipe: Recipe, resume: bool, overwrite: bool = False):
+def preflight(recipe: Recipe, resume: bool, overwrite: bool = False):
     """Everything that can be checked cheaply, before any data or model work (so bad inputs fail fast);
     the output directory's rules are in run_dir.py (runs never mix)."""
     check_launch_environment()
@@ -137,7 +137,7 @@ def _preflight(recipe: Recipe, resume: bool, overwrite: bool = False):
     return source, config, resume_from
 
 
-def _build(recipe: Recipe, source, config) -> _Run:
+def build_run(recipe: Recipe, source, config) -> Run:
     from accelerate.utils import set_seed
 
     accelerator = make_accelerator(recipe)
@@ -161,19 +161,19 @@ def _build(recipe: Recipe, source, config) -> _Run:
     loaders = [train_dl, val_dl] if accelerate_shards else [val_dl]
     model, optimizer, *loaders, scheduler = accelerator.prepare(model, optimizer, *loaders, scheduler)
     train_dl, val_dl = loaders if accelerate_shards else (train_dl, loaders[0])
-    return _Run(recipe, accelerator, tokenizer, model, accelerator.unwrap_model(model), optimizer, scheduler,
+    return Run(recipe, accelerator, tokenizer, model, accelerator.unwrap_model(model), optimizer, scheduler,
                 train_dl, val_dl, data_info)
 
 
-def _optimizer_step(run: _Run, step: int) -> tuple[float, float, float]:
+def _optimizer_step(run: Run, step: int) -> tuple[float, float, float]:
     """One optimiser step: gradients, finiteness check, clip, step, constraint, schedule.
     Returns (loss, grad norm, learning rate used)."""
     recipe, acc = run.recipe, run.accelerator
     micro = [next(run.stream) for _ in range(recipe.gradient_accumulation_steps)]
     loss = float(accumulate_gradients(acc, run.model, micro, recipe))
-    _check_finite("training loss", loss, step, Path(recipe.output_dir), run)  # before the step: no bad update
+    check_finite("training loss", loss, step, Path(recipe.output_dir), run)  # before the step: no bad update
     grad_norm = float(acc.clip_grad_norm_(run.model.parameters(), recipe.max_grad_norm))
-    _check_finite("gradient norm", grad_norm, step, Path(recipe.output_dir), run)
+    check_finite("gradient norm", grad_norm, step, Path(recipe.output_dir), run)
     lr = run.scheduler.get_last_lr()[0]
     run.optimizer.step()
     apply_constraints(run.raw_model)  # after the accelerate-wrapped step, on every rank
@@ -194,9 +194,9 @@ def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = N
 
 
 def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite: bool) -> TrainResult:
-    source, config, resume_from = _preflight(recipe, resume, overwrite)
+    source, config, resume_from = preflight(recipe, resume, overwrite)
     model_config = run_dir.comparable_config(config)
-    run = _build(recipe, source, config)
+    run = build_run(recipe, source, config)
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [], "num_processes": acc.num_processes}
     if resume_from is not None:
@@ -226,7 +226,7 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     return result
 
 
-def _loop(run: _Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_steps: int | None) -> None:
+def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_steps: int | None) -> None:
     from tqdm.auto import tqdm
 
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(run.recipe.output_dir)

@@ -146,8 +146,7 @@ def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkp
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from modeling_angpt.training import load_recipe, train
-    from modeling_angpt.training.loop import _build
-    from modeling_angpt.training.loop import _preflight as preflight
+    from modeling_angpt.training.loop import build_run, preflight
 
     pretrained = tiny_checkpoint(TRAIN_LENGTH)
     overrides = [f"init_from={pretrained}", f"output_dir={tmp_path / 'run'}", f"block_size={TRAIN_LENGTH}",
@@ -156,7 +155,7 @@ def test_finetune_recipe_trains_on_answers_then_evaluates_at_1_4_16x(tiny_checkp
                  "needle_examples=40", "report_to=[none]", "disable_tqdm=true"]
     recipe = load_recipe(REPO / "configuration" / "recipes" / "needle_finetune.yaml", overrides)
     assert recipe.dataset_kind == "needle" and recipe.init_from == str(pretrained)
-    run = _build(recipe, *preflight(recipe, resume=False)[:2])
+    run = build_run(recipe, *preflight(recipe, resume=False)[:2])
     batch = next(iter(run.train_dl))
     labels, ids = batch["labels"], batch["input_ids"]
     assert ids.shape == labels.shape == (2, TRAIN_LENGTH)

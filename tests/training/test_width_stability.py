@@ -173,16 +173,16 @@ def test_the_stop_message_on_a_blow_up_names_the_step_alpha_times_depth_and_the_
     from types import SimpleNamespace
 
     from modeling_angpt.architectures_angpt import ALPHA_DEPTH_LIMIT
-    from modeling_angpt.training.loop import NonFiniteLossError, _check_finite
+    from modeling_angpt.training.loop import NonFiniteLossError, check_finite
 
     config = AnGPTConfig(architecture="angpt", vocab_size=64, hidden_size=256, num_attention_heads=4,
                          num_hidden_layers=3, alpha_init=0.4)
     model = AnGPTForCausalLM(config)
     recipe = Recipe(learning_rate=LR).with_architecture_defaults(architecture_defaults(model))
     run = SimpleNamespace(raw_model=model, optimizer=build_optimizer(model, recipe))
-    _check_finite("training loss", 3.2, 7, tmp_path, run)  # finite: nothing to say
+    check_finite("training loss", 3.2, 7, tmp_path, run)  # finite: nothing to say
     with pytest.raises(NonFiniteLossError) as info:
-        _check_finite("training loss", float("nan"), 7, tmp_path, run)
+        check_finite("training loss", float("nan"), 7, tmp_path, run)
     message = info.value.args[0]
     assert info.value.step == 7 and "\n" not in message
     assert message.startswith(f"non-finite training loss (nan) at step 7 with alpha_init x layers = 1.2 "
@@ -191,4 +191,4 @@ def test_the_stop_message_on_a_blow_up_names_the_step_alpha_times_depth_and_the_
                                            num_attention_heads=2, num_hidden_layers=1))
     run = SimpleNamespace(raw_model=gptplus, optimizer=build_optimizer(gptplus, recipe))
     with pytest.raises(NonFiniteLossError, match=r"at step 2 with matrices' learning rate 0.004; stopped"):
-        _check_finite("gradient norm", float("inf"), 2, tmp_path, run)
+        check_finite("gradient norm", float("inf"), 2, tmp_path, run)
