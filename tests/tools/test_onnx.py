@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from checkpoint_fixtures import save_source
-from cli_helpers import angpt, assert_one_line_error, snapshot
+from cli_helpers import REPO, angpt, assert_one_line_error, snapshot
 
 from modeling_angpt import AnGPTForCausalLM
 from modeling_angpt.export import export_checkpoint, probe_batch
@@ -50,7 +50,7 @@ def _assert_onnxruntime_matches_training_form(training_dir, onnx_path):
             assert torch.allclose(torch.from_numpy(actual[-1:, padding:]), alone, atol=TOLERANCE)
 
 
-def test_angpt_onnx_command_matches_the_training_form(tmp_path, tiny_config, capsys):
+def test_angpt_onnx_command_matches_the_training_form(tmp_path, tiny_config, capsys, monkeypatch):
     from modeling_angpt.cli import main
 
     # one layer (still two sublayers, whose constants fold across each other): the export's time is the tracing's
@@ -59,6 +59,14 @@ def test_angpt_onnx_command_matches_the_training_form(tmp_path, tiny_config, cap
     assert "self-check passed" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folded", "model.onnx", "train"]  # no partial left
     _assert_onnxruntime_matches_training_form(training_dir, tmp_path / "model.onnx")
+    # docs/inference-fold.md's example, as written, beside the file (a `py` block: the guides' `python` blocks run
+    # in tests/commands/test_readme.py, where there is no model.onnx to open)
+    text = (REPO / "docs" / "inference-fold.md").read_text().split("## ONNX", 1)[1]
+    example = text.split("```py\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    monkeypatch.chdir(tmp_path)
+    exec(example, namespace)
+    assert namespace["logits"].shape == (1, 4, 101)
 
 
 @pytest.mark.slow
