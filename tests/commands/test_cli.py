@@ -174,7 +174,7 @@ def test_layers_point_one_way():
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("command", ["train", "export", "generate", "eval", "semantic-focus"])
+@pytest.mark.parametrize("command", ["train", "export", "onnx", "generate", "eval", "semantic-focus"])
 def test_every_option_has_help_text(command):
     from modeling_angpt.cli import build_parser
 
