@@ -23,13 +23,14 @@ COMMANDS = {
     "onnx": ("modeling_angpt.commands.onnx", "export a folded checkpoint as an ONNX graph for onnxruntime"),
     "eval": ("modeling_angpt.commands.eval", "evaluate a checkpoint (lm-eval suites, held-out loss, length, needle)"),
     "generate": ("modeling_angpt.commands.generate", "generate text from a checkpoint"),
+    "serve": ("modeling_angpt.commands.serve", "serve a checkpoint as an OpenAI-compatible server (transformers')"),
     "semantic-focus": ("modeling_angpt.commands.semantic_focus",
                        "semantic-focus paper's protocol on one task and attention configuration"),
 }
 # What an ImportError of an optional dependency means for the user.
 EXTRAS = {"accelerate": "train", "datasets": "train", "tensorboard": "train", "tqdm": "train", "yaml": "train",
           "matplotlib": "train", "lm_eval": "eval",
-          "onnx": "tools", "onnxscript": "tools", "onnxruntime": "tools"}
+          "onnx": "tools", "onnxscript": "tools", "onnxruntime": "tools", "fastapi": "tools", "uvicorn": "tools"}
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
