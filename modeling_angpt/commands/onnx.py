@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import CommandError, float_at_least, int_at_least
+from . import CommandError, float_at_least
 from ..onnx_export import DEFAULT_TOLERANCE, OnnxExportError, check_onnx_paths
 
 DESCRIPTION = """Export a folded checkpoint (written by `angpt export`) as an ONNX graph for onnxruntime: inputs
@@ -23,8 +23,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float_at_least(0.0, strict=True), default=None,
                         help="relative logit tolerance of the self-check: |Δlogit| <= tolerance x max(1, max|logit|) "
                              f"(default {DEFAULT_TOLERANCE:g})")
-    parser.add_argument("--opset", type=int_at_least(18), default=None,
-                        help="ONNX opset version (default: torch's exporter's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing file at PATH")
 
 
@@ -41,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     from ..onnx_export import export_onnx
 
     try:
-        report = export_onnx(args.checkpoint, args.path, args.with_cache, args.tolerance, args.overwrite, args.opset)
+        report = export_onnx(args.checkpoint, args.path, args.with_cache, args.tolerance, args.overwrite)
     except (OnnxExportError, CheckpointError, OSError) as error:
         print(f"angpt onnx: error: {error}", file=sys.stderr)
         return 1

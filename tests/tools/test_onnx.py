@@ -125,11 +125,14 @@ def test_onnx_with_cache_decodes_as_generate_on_the_training_form(tmp_path, tiny
     ("train", ["is in training form", "angpt export"]),
     ("missing", ["CHECKPOINT", "no such checkpoint directory"]),
     ("folded-to-dir", ["PATH", "is a directory"]),
+    ("folded-over-a-file", ["PATH", "exists (pass --overwrite to replace it)"]),
 ])
 def test_onnx_command_refuses_in_one_line_before_loading(tmp_path, tiny_config, target, expected):
     training_dir, folded_dir = _folded_checkpoint(tmp_path, tiny_config, "angpt")
-    checkpoint = {"train": training_dir, "missing": tmp_path / "missing", "folded-to-dir": folded_dir}[target]
+    checkpoint = training_dir if target == "train" else tmp_path / "missing" if target == "missing" else folded_dir
     out = tmp_path if target == "folded-to-dir" else tmp_path / "model.onnx"
+    if target == "folded-over-a-file":
+        out.write_text("an earlier file")
     before = snapshot(tmp_path)
     assert_one_line_error(angpt("onnx", checkpoint, out), *expected)
     assert snapshot(tmp_path) == before
