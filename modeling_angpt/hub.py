@@ -26,11 +26,11 @@ LOADING_NOTE = (
     "`trust_remote_code=True`).")
 
 # Fine-tuning the training form with transformers' Trainer or TRL's trainers (tests/tools/test_trl.py checks the card
-# names the callback and that the callback keeps the constraint: docs/tools.md, "TRL").
+# names the callback and that the callback keeps the constraint: docs/tools.md, row "TRL").
 FINE_TUNING_NOTE = (
     "transformers' `Trainer` and TRL's trainers (`SFTTrainer`, packing included) fine-tune this checkpoint, but they "
-    "know nothing of the weight constraint of {title} on its matrices: pass `WeightConstraintCallback` from the `angpt` "
-    "package, which applies it after every optimiser step (without it the constraint is lost in a few steps):")
+    "know nothing of the weight constraint of {title} on its matrices: pass `WeightConstraintCallback` from the "
+    "`angpt` package, which applies it after every optimiser step (without it the constraint is lost in a few steps):")
 FINE_TUNING_SNIPPET = (
     "from modeling_angpt.training import WeightConstraintCallback\n"
     "trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, callbacks=[WeightConstraintCallback()])")

@@ -10,7 +10,8 @@ from ..onnx_export import DEFAULT_TOLERANCE, OnnxExportError, check_onnx_paths
 
 DESCRIPTION = """Export a folded checkpoint (written by `angpt export`) as an ONNX graph for onnxruntime: inputs
 input_ids and attention_mask, output logits, batch and sequence length dynamic, float32 (with --with-cache, the KV
-cache in and out too). The export runs the written graph in onnxruntime, compares its logits with PyTorch's, and only then moves it to PATH."""
+cache in and out too). The export runs the written graph in onnxruntime, compares its logits with PyTorch's, and
+only then moves it to PATH."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

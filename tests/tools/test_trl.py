@@ -3,7 +3,8 @@ packing: sequences share a row, positions restart at each one, no attention mask
 architectures, and `WeightConstraintCallback` (modeling_angpt/training/callbacks.py) keeps anGPT's rows in the unit
 ball and nGPT's matrices on the unit sphere (docs/architectures.md, "Weight constraints"); without it anGPT's rows
 leave the ball. The loss of TRL's packed batches equals the loss of each sequence alone, and of TRL's padded batches.
-The model card (modeling_angpt/hub.py) names the callback, and its snippet runs as written. Tiny models, a local tokenizer, a few lines of local text."""
+The model card (modeling_angpt/hub.py) names the callback, and its snippet runs as written. Tiny models, a local
+tokenizer, a few lines of local text."""
 from __future__ import annotations
 
 import pytest
