@@ -355,11 +355,9 @@ class _Folded:
         return Architecture.constants(self, config)  # all 1: every constant lives in the weights
 
 
-class FoldedAnGPT(_Folded, AnGPT):
-    """anGPT after the fold: h̃ ← h̃ + x̃ with every ν, s_u, s_v, s_z, β and 1/D in the matrices."""
-
-    def residual(self, config):
-        return AddResidual()
+class _FoldedUnitQK(_Folded):
+    """Mixin of nGPT's and anGPT's folded forms: q and k are exactly L2-normalised, so all of their factors (√d_h,
+    s_qk²) meet on q as one gain c_q; s_u, s_v, √d and s_z are in the matrices."""
 
     def qk_scale(self, config):
         return None
@@ -378,19 +376,20 @@ class FoldedAnGPT(_Folded, AnGPT):
         return 1.0
 
 
-class FoldedNGPT(_Folded, NGPT):
+class FoldedAnGPT(_FoldedUnitQK, AnGPT):
+    """anGPT after the fold: h̃ ← h̃ + x̃ with every ν, s_u, s_v, s_z, β and 1/D in the matrices."""
+
+    def residual(self, config):
+        return AddResidual()
+
+
+class FoldedNGPT(_FoldedUnitQK, NGPT):
     """nGPT after the fold: α and the norms stay (they cannot fold); s_u, s_v, √d, s_z, s_qk go."""
 
     def residual(self, config):
         # α stored as its effective value (init = scale = 1, so the stored vector is α itself), |α| baked in.
         size = config.hidden_size if config.alpha_shape == "vector" else 1
         return NormalizedLerp(size, 1.0, 1.0, alpha_abs=False)
-
-    qk_scale = FoldedAnGPT.qk_scale
-    query_gain = FoldedAnGPT.query_gain
-    mlp_scales = FoldedAnGPT.mlp_scales
-    logit_scale = FoldedAnGPT.logit_scale
-    softmax_scale = FoldedAnGPT.softmax_scale
 
 
 class FoldedGPTPlus(_Folded, GPTPlus):

@@ -3,6 +3,8 @@ reparameterised scales, and the three residual updates. Each block that holds co
 into the weights for inference (`fold*` methods, read by folding_angpt.py; docs/inference-fold.md)."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -123,19 +125,34 @@ class Gain(nn.Module):
 
 
 # --- the residual updates (docs/architectures.md, "The residual update") ------------------------------------------
-# The decoder layer asks its residual module for `coefficients()` -> (stream weight, branch row scale), runs the
-# branch with that row scale on its output projection (None: the branch's own constant), then calls the module on
-# (h, x, stream weight). `fold()` -> (β, γ, extra state): h_next = γ ⊙ h + β ⊙ x in the training form, and the
-# folded module's own parameters.
+# The decoder layer asks its residual module for its `weights()` once per sublayer: a named tuple of that update's
+# own weights (nGPT's α, anGPT's γ and β). The layer reads only `branch_scale`, the row scale it runs the branch's
+# output projection with (None: the branch's own constant), then calls the module on (h, x, weights).
+# `fold()` -> (β, γ, extra state): h_next = γ ⊙ h + β ⊙ x in the training form, and the folded module's own parameters.
+class AddWeights(NamedTuple):
+    """GPT+: nothing to weigh."""
+    branch_scale: None = None
+
+
+class LerpWeights(NamedTuple):
+    """nGPT: the LERP weight α on N(x); the branch keeps its constant row scale (N(x) removes any positive factor)."""
+    alpha: torch.Tensor
+    branch_scale: None = None
+
+
+class ApproxLerpWeights(NamedTuple):
+    """anGPT: γ = ν(α)(1 − α) multiplies the stream h; β = ν(α)·α scales the branch's output rows."""
+    gamma: torch.Tensor
+    branch_scale: torch.Tensor
 
 
 class AddResidual(nn.Module):
-    """h ← h + x (GPT+, and every folded inference form: docs/inference-fold.md)."""
+    """h ← h + x (GPT+, and the folded GPT+ and anGPT: docs/inference-fold.md)."""
 
-    def coefficients(self) -> tuple[None, None]:
-        return None, None
+    def weights(self) -> AddWeights:
+        return AddWeights()
 
-    def forward(self, h: torch.Tensor, x: torch.Tensor, stream_weight=None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, x: torch.Tensor, weights: AddWeights | None = None) -> torch.Tensor:
         return h + x
 
     def fold(self):
@@ -151,14 +168,13 @@ class NormalizedLerp(nn.Module):
         self.alpha = Scale(size, alpha_init, alpha_scale)
         self.alpha_abs = alpha_abs
 
-    def coefficients(self) -> tuple[torch.Tensor, None]:
-        """(α, None): the branch keeps its constant row scale (any positive factor on x is removed by N(x))."""
+    def weights(self) -> LerpWeights:
         alpha = self.alpha()
-        return (alpha.abs() if self.alpha_abs else alpha), None
+        return LerpWeights(alpha.abs() if self.alpha_abs else alpha)
 
-    def forward(self, h: torch.Tensor, x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, x: torch.Tensor, weights: LerpWeights) -> torch.Tensor:
         # Under autocast the branch output is bf16 while the stream stays in the parameters' dtype.
-        return l2_normalize(torch.lerp(h, l2_normalize(x).to(h.dtype), alpha.to(h.dtype)))
+        return l2_normalize(torch.lerp(h, l2_normalize(x).to(h.dtype), weights.alpha.to(h.dtype)))
 
     def fold(self):
         """α cannot fold (N(x) sits between W_o and the LERP): it stays, stored as its effective value."""
@@ -191,9 +207,9 @@ class ApproxLerp(nn.Module):
         self.alpha_abs = alpha_abs
         self.nu = nu
 
-    def coefficients(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(γ, β) with γ = ν(α)(1 − α) on the stream and β = ν(α) α on the branch (docs/inference-fold.md)."""
-        return self._split(self.alpha())
+    def weights(self) -> ApproxLerpWeights:
+        """γ = ν(α)(1 − α) on the stream and β = ν(α) α on the branch (docs/inference-fold.md)."""
+        return ApproxLerpWeights(*self._split(self.alpha()))
 
     def _split(self, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(γ, β) of an effective α (the live one, or its float64 copy when folding)."""
@@ -204,8 +220,8 @@ class ApproxLerp(nn.Module):
         nu = lerp_nu(alpha)
         return nu * (1.0 - alpha), nu * alpha
 
-    def forward(self, h: torch.Tensor, x: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
-        return torch.addcmul(x.to(h.dtype), h, gamma.to(h.dtype))
+    def forward(self, h: torch.Tensor, x: torch.Tensor, weights: ApproxLerpWeights) -> torch.Tensor:
+        return torch.addcmul(x.to(h.dtype), h, weights.gamma.to(h.dtype))
 
     def fold(self):
         gamma, beta = self._split(self.alpha.fold())

@@ -228,14 +228,14 @@ class AnGPTDecoderLayer(GradientCheckpointingLayer):
                 past_key_values: Cache | None = None, **kwargs) -> torch.Tensor:
         # The residual update (layers_angpt.py): GPT+ h + x; nGPT N(lerp(h, N(x), α)); anGPT γ ⊙ h + β ⊙ x, its branch
         # factor β applied to the output projection's rows (a d×d weight, not the B×T×d activations).
-        stream_weight, branch_scale = self.attn_residual.coefficients()
+        residual_weights = self.attn_residual.weights()  # nGPT: α; anGPT: γ and β (its branch_scale); GPT+: none
         update = self.self_attn(self.input_layernorm(hidden_states), position_embeddings, attention_mask,
-                                past_key_values, branch_scale, **kwargs)[0]
-        hidden_states = self.attn_residual(hidden_states, update, stream_weight)
+                                past_key_values, residual_weights.branch_scale, **kwargs)[0]
+        hidden_states = self.attn_residual(hidden_states, update, residual_weights)
 
-        stream_weight, branch_scale = self.mlp_residual.coefficients()
-        update = self.mlp(self.post_attention_layernorm(hidden_states), branch_scale)
-        return self.mlp_residual(hidden_states, update, stream_weight)
+        residual_weights = self.mlp_residual.weights()
+        update = self.mlp(self.post_attention_layernorm(hidden_states), residual_weights.branch_scale)
+        return self.mlp_residual(hidden_states, update, residual_weights)
 
 
 # The per-layer outputs `output_hidden_states` / `output_attentions` collect (transformers' output capturing).
