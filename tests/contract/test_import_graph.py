@@ -156,6 +156,20 @@ def test_no_function_longer_than_a_screen():
     assert not found, f"functions longer than {MAX_FUNCTION_LINES} lines:\n" + "\n".join(found)
 
 
+def test_the_model_file_starts_with_the_model():
+    """After its imports, modeling_angpt.py defines the model (rotary embedding, attention, layers, heads), no module
+    constants of version plumbing first; no model file (the flat *_angpt.py files) branches on the transformers
+    version by inspecting it (docs/transformers-compat.md, "Supported transformers versions")."""
+    tree = ast.parse((ROOT / PACKAGE / "modeling_angpt.py").read_text())
+    definitions = [node for node in tree.body if not isinstance(node, (ast.Import, ast.ImportFrom))
+                   and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]  # the docstring
+    assert isinstance(definitions[0], (ast.FunctionDef, ast.ClassDef)), ast.unparse(definitions[0])[:200]
+    for path in sorted((ROOT / PACKAGE).glob("*_angpt.py")):
+        text = path.read_text()
+        for probe in ("__dataclass_fields__", "inspect.signature", "transformers.__version__"):
+            assert probe not in text, f"{path.name} reads {probe}"
+
+
 if __name__ == "__main__":
     for module, targets in sorted(import_graph().items()):
         for target in sorted(targets):
