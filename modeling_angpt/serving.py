@@ -11,6 +11,7 @@ batching manager) is transformers'.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import socket
@@ -26,8 +27,8 @@ class ServeError(ValueError):
 
 @dataclass
 class ServeOptions:
-    """`cb_*`: the paged KV cache's block size, number of blocks and tokens per batch (transformers' defaults size
-    the cache from the device's memory: on a CPU that means all of RAM, see docs/tools.md)."""
+    """`cb_*`: the paged KV cache's block size, number of blocks and tokens per batch; None: transformers' sizes
+    from the device's free memory on a GPU, `with_cpu_cache_sizes` on a CPU."""
     checkpoint: str
     host: str = "127.0.0.1"
     port: int = 8000
@@ -100,6 +101,29 @@ def check_checkpoint_servable(options: ServeOptions) -> bool:
     return tokenizer.chat_template is not None
 
 
+# transformers sizes the paged KV cache and its batches from the device's free memory; on a CPU that is RAM: a d=32
+# test model took 14.8 GB and 2.5 minutes before its first request (docs/tools.md, "transformers serve"). A server
+# on a CPU without --cb-* flags gets room for this many requests of full context length instead.
+CPU_FULL_LENGTH_REQUESTS, CPU_BLOCK_SIZE, CPU_MAX_BATCH_TOKENS = 8, 32, 256
+
+
+def runs_on_cpu(device: str) -> bool:
+    import torch
+
+    return device == "cpu" or (device == "auto" and not torch.cuda.is_available()
+                               and not torch.backends.mps.is_available())
+
+
+def with_cpu_cache_sizes(options: ServeOptions, max_position_embeddings: int) -> ServeOptions:
+    """`options` with the CPU's cache sizes filled in (above), unless a --cb-* flag was given or a GPU serves."""
+    flags = (options.cb_block_size, options.cb_num_blocks, options.cb_max_batch_tokens)
+    if not options.continuous_batching or any(flag is not None for flag in flags) or not runs_on_cpu(options.device):
+        return options
+    blocks = -(-CPU_FULL_LENGTH_REQUESTS * max_position_embeddings // CPU_BLOCK_SIZE)  # ceiling
+    return dataclasses.replace(options, cb_block_size=CPU_BLOCK_SIZE, cb_num_blocks=blocks,
+                               cb_max_batch_tokens=CPU_MAX_BATCH_TOKENS)
+
+
 @contextlib.contextmanager
 def loading_through_auto_classes():
     """transformers' `Serve` builds its `ModelLoader` from the module's name when constructed: ours meanwhile."""
@@ -113,11 +137,16 @@ def loading_through_auto_classes():
 
 def serve_checkpoint(options: ServeOptions) -> None:
     """Serve until stopped (Ctrl+C, SIGTERM). Requests name the model as `options.checkpoint` (or name none)."""
+    from transformers import AutoConfig
     from transformers.cli.serve import Serve
+
+    from . import register_auto_classes
 
     if not os.path.isfile(os.path.join(options.checkpoint, "config.json")):
         raise ServeError(f"checkpoint {options.checkpoint}: not a checkpoint directory (no config.json)")
     check_port_free(options.host, options.port)
+    register_auto_classes()
+    options = with_cpu_cache_sizes(options, AutoConfig.from_pretrained(options.checkpoint).max_position_embeddings)
     with loading_through_auto_classes():
         Serve(force_model=options.checkpoint, continuous_batching=options.continuous_batching,
               attn_implementation=options.attn_implementation, device=options.device, dtype=options.dtype,

@@ -36,11 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="attention implementation (default: the checkpoint's; continuous batching takes sdpa, "
                              "eager or a flash kernel)")
     parser.add_argument("--cb-block-size", type=int_at_least(1), default=None,
-                        help="continuous batching: tokens per KV-cache block (default: transformers')")
+                        help="continuous batching: tokens per KV-cache block (default: transformers' on a GPU, "
+                             "32 on a CPU)")
     parser.add_argument("--cb-num-blocks", type=int_at_least(1), default=None,
-                        help="continuous batching: KV-cache blocks (default: sized from the device's memory)")
+                        help="continuous batching: KV-cache blocks (default: sized from a GPU's free memory; on a "
+                             "CPU, room for 8 requests of the model's full context length)")
     parser.add_argument("--cb-max-batch-tokens", type=int_at_least(1), default=None,
-                        help="continuous batching: tokens per forward (default: sized from the device's memory)")
+                        help="continuous batching: tokens per forward (default: sized from a GPU's free memory; "
+                             "256 on a CPU)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                         help="the server's log level (default info)")
 

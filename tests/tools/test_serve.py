@@ -31,7 +31,6 @@ pytestmark = pytest.mark.tools
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 PROMPT, MESSAGES, NEW_TOKENS = "To be, or not", [{"role": "user", "content": "that is the question"}], 12
-SMALL_CACHE = ("--cb-num-blocks", "16", "--cb-block-size", "16", "--cb-max-batch-tokens", "64")  # CPU (see tools.md)
 
 
 def ascii_tokenizer(path) -> PreTrainedTokenizerFast:
@@ -73,8 +72,7 @@ def free_port() -> int:
 @contextlib.contextmanager
 def running_server(checkpoint, port: int, timeout: float = 240):
     """`angpt serve` as a user starts it; yields once /health answers; stops it with Ctrl+C (SIGINT)."""
-    command = [sys.executable, "-c", ENTRY, "serve", str(checkpoint), "--port", str(port), *SMALL_CACHE,
-               "--log-level", "warning"]
+    command = [sys.executable, "-c", ENTRY, "serve", str(checkpoint), "--port", str(port), "--log-level", "warning"]
     server = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True)
     try:
@@ -142,3 +140,13 @@ def test_a_port_in_use_is_one_line(checkpoints, capsys):
         assert main(["serve", str(checkpoints / "folded"), "--port", str(port)]) == 1
     error = capsys.readouterr().err.strip()
     assert error == f"angpt serve: error: --port {port}: 127.0.0.1:{port} is already in use; pick another port"
+
+
+def test_a_cpu_server_sizes_its_cache_for_the_model_not_for_ram():
+    from modeling_angpt.serving import ServeOptions, with_cpu_cache_sizes
+
+    sized = with_cpu_cache_sizes(ServeOptions("ckpt", device="cpu"), max_position_embeddings=1000)
+    assert (sized.cb_block_size, sized.cb_num_blocks, sized.cb_max_batch_tokens) == (32, 250, 256)  # 8 × 1000 tokens
+    chosen = ServeOptions("ckpt", device="cpu", cb_num_blocks=4)
+    assert with_cpu_cache_sizes(chosen, 1000) == chosen  # a --cb-* flag: the user's sizes, transformers' for the rest
+    assert with_cpu_cache_sizes(ServeOptions("ckpt", device="cuda"), 1000).cb_num_blocks is None
