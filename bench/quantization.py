@@ -153,7 +153,8 @@ def measure(args) -> tuple[list[tuple], dict[str, tuple[float, float]]]:
 
 def section(rows, accuracies, args, argv) -> str:
     trained = ", ".join(f"{arch} {acc:.1%} (max |logit| {top:.3g})" for arch, (acc, top) in accuracies.items())
-    table = ["| tool | mode | form | architecture | next-token agreement | max \\|Δlogit\\| |", "|---|---|---|---|---|---|"]
+    table = ["| tool | mode | form | architecture | next-token agreement | max \\|Δlogit\\| |",
+             "|---|---|---|---|---|---|"]
     table += [f"| {tool} | {mode} | {form} | {arch} | {agreement:.1%} | {delta:.3g} |"
               for tool, mode, form, arch, agreement, delta in rows]
     return "\n".join([
