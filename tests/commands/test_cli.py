@@ -168,13 +168,13 @@ def test_layers_point_one_way():
     model_files = sorted(root.glob("*_angpt.py"))
     assert len(model_files) >= 10
     library = tuple(f"modeling_angpt.{name}" for name in ("training", "evaluation", "commands", "cli", "tasks", "hub",
-                                                           "export", "generation"))
+                                                           "export", "generation", "serving"))
     wrong += [f"{path.relative_to(REPO)} imports {name}" for path in model_files for name in _imports(path)
               if name.startswith(library)]
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("command", ["train", "export", "onnx", "generate", "eval", "semantic-focus"])
+@pytest.mark.parametrize("command", ["train", "export", "onnx", "generate", "serve", "eval", "semantic-focus"])
 def test_every_option_has_help_text(command):
     from modeling_angpt.cli import build_parser
 
