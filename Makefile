@@ -55,7 +55,7 @@ test-experiments: $(STAMP)
 # A checkpoint with the tools that are not ours (tests/tools, docs/tools.md: PEFT, TRL, bitsandbytes, torchao, ONNX
 # Runtime, transformers serve, continuous batching, vLLM's contract): one pytest worker per core, as make test.
 test-tools: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m tools -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
+	$(VENV)/bin/python -m pytest -q -m "tools and not slow and not gpu" -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
 		--durations=10 tests/tools
 
 # transformers' own common tests (ModelTesterMixin, ConfigTester) for the three architectures, from the source

@@ -14,7 +14,8 @@ from cli_helpers import REPO, angpt, assert_one_line_error, snapshot
 from modeling_angpt import AnGPTForCausalLM
 from modeling_angpt.export import export_checkpoint, probe_batch
 
-pytest.importorskip("onnxruntime")
+pytestmark = pytest.mark.tools  # make test-tools
+
 TOLERANCE = 1e-4  # relative to max(1, max|logit|), as the export's self-check
 
 

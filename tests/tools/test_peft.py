@@ -19,6 +19,8 @@ from modeling_angpt.training.callbacks import WeightConstraintCallback
 from checkpoint_fixtures import save_source
 from conftest import ARCHITECTURES
 
+pytestmark = pytest.mark.tools  # make test-tools
+
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

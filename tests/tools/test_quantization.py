@@ -18,6 +18,8 @@ from transformers import AutoModelForCausalLM
 
 from conftest import ARCHITECTURES
 
+pytestmark = pytest.mark.tools  # make test-tools
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 THRESHOLDS = {"bnb-8bit": 0.95, "bnb-4bit": 0.90, "torchao-int8-weight": 0.95, "torchao-int8-dynamic": 0.95,
               "torchao-int4-weight": 0.90}

@@ -14,6 +14,8 @@ from checkpoint_fixtures import write_tokenizer
 from modeling_angpt import AnGPTForCausalLM
 from modeling_angpt.training import WeightConstraintCallback
 
+pytestmark = pytest.mark.tools  # make test-tools
+
 pytest.importorskip("trl")
 
 LINES = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
