@@ -14,9 +14,26 @@ runs a command.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 
 __version__ = "0.1.0"
+
+
+class _StartupNoise(logging.Filter):
+    """Drops two warnings torchao causes on every start once it is installed (the [tools] extra; transformers imports
+    it with its quantizers): compiled kernels it ships for other Pythons and GPUs that do not load here, and torch's
+    note on the enums it registers. Neither is anything a user can act on, and they would bury the one-line messages
+    of the command line (docs/tools.md). Only these records are dropped; every other warning stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ((message.startswith("Failed to load ") and ".so" in message)
+                    or "is an Enum subclass and is now natively supported by torch.compile" in message)
+
+
+for _noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_noisy).addFilter(_StartupNoise())
 
 DEFER_REGISTRATION = "ANGPT_DEFER_REGISTRATION"
 
