@@ -21,6 +21,7 @@ import torch
 from transformers import ContinuousBatchingConfig, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+from results_file import help_description
 
 
 def build(name: str, args):
@@ -50,7 +51,7 @@ def batched(model, prompts, greedy, cache) -> tuple[float, list]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=help_description(__doc__))
     for flag, default in (("requests", 16), ("prompt", 32), ("new", 32), ("hidden", 256), ("layers", 4),
                           ("heads", 4), ("vocab", 4096), ("repeats", 2)):
         parser.add_argument(f"--{flag}", type=int, default=default)
