@@ -62,12 +62,19 @@ def check_export_paths(src, dst, overwrite: bool = False, tolerance: float | Non
         if not os.path.isfile(os.path.join(dst, "config.json")):
             raise ExportError(f"DST {dst} is not empty and is not a checkpoint (no config.json); --overwrite "
                               "replaces only an earlier export: choose another directory")
-    parent = os.path.dirname(dst)
-    while not os.path.isdir(parent):
-        parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK):
+    parent = unwritable_parent(dst)
+    if parent is not None:
         raise ExportError(f"DST {dst}: cannot write under {parent} (permission denied)")
     return src, dst
+
+
+def unwritable_parent(path: str) -> str | None:
+    """The nearest existing directory above `path` when it cannot be written to (None when it can): what a writer
+    checks before loading anything."""
+    parent = os.path.dirname(path)
+    while not os.path.isdir(parent):
+        parent = os.path.dirname(parent)
+    return None if os.access(parent, os.W_OK) else parent
 
 
 def _copy_tokenizer(src: str, partial: str, folded) -> None:

@@ -18,6 +18,8 @@ import json
 import os
 import shutil
 
+from .export import unwritable_parent
+
 # |Δlogit| ≤ tolerance · max(1, max|logit|), onnxruntime against PyTorch in float32 (the measured differences,
 # far smaller: docs/tools.md, row "ONNX Runtime").
 DEFAULT_TOLERANCE = 1e-4
@@ -55,10 +57,8 @@ def check_onnx_paths(checkpoint_dir, path, overwrite: bool = False, tolerance: f
         raise OnnxExportError(f"PATH {path} is a directory; expected the path of the .onnx file to write")
     if os.path.exists(path) and not overwrite:
         raise OnnxExportError(f"PATH {path} exists (pass --overwrite to replace it)")
-    parent = os.path.dirname(path)
-    while not os.path.isdir(parent):
-        parent = os.path.dirname(parent)
-    if not os.access(parent, os.W_OK):
+    parent = unwritable_parent(path)
+    if parent is not None:
         raise OnnxExportError(f"PATH {path}: cannot write under {parent} (permission denied)")
     return checkpoint_dir, path
 

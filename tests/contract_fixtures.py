@@ -1,12 +1,30 @@
 """Shared pieces of the transformers-contract suite (tests/test_contract_*.py): tiny configs and models."""
 from __future__ import annotations
 
+import textwrap
+
 import pytest
 import torch
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
 
 VOCAB = 101
+
+# The start of a child interpreter's script: it blocks `modeling_angpt` (installed editable here) before transformers
+# is imported, and checks that it is blocked, so only the files saved beside a checkpoint can provide the model.
+BLOCK_THE_PACKAGE = textwrap.dedent("""
+    import importlib.abc, json, sys
+    class Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "modeling_angpt" or name.startswith("modeling_angpt."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+    sys.meta_path.insert(0, Block())
+    try:
+        import modeling_angpt
+        raise SystemExit("modeling_angpt is importable: the test would prove nothing")
+    except ModuleNotFoundError:
+        pass
+""")
 
 
 def config(architecture: str, **overrides) -> AnGPTConfig:

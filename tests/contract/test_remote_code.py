@@ -11,21 +11,9 @@ from safetensors.torch import load_file, save_file
 from modeling_angpt import AnGPTForCausalLM
 
 from conftest import ARCHITECTURES
+from contract_fixtures import BLOCK_THE_PACKAGE
 
-# The child blocks `modeling_angpt` (installed editable here) before transformers is imported, so only the
-# files saved next to the checkpoint can provide the model.
-CHILD = textwrap.dedent("""
-    import importlib.abc, json, sys
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "modeling_angpt" or name.startswith("modeling_angpt."):
-                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
-    sys.meta_path.insert(0, Block())
-    try:
-        import modeling_angpt
-        raise SystemExit("modeling_angpt is importable: the test would prove nothing")
-    except ModuleNotFoundError:
-        pass
+CHILD = BLOCK_THE_PACKAGE + textwrap.dedent("""
     import torch
     from transformers import AutoModelForCausalLM
     directory, ids = sys.argv[1], torch.tensor(json.loads(sys.argv[2]))

@@ -16,7 +16,6 @@ from modeling_angpt.training import WeightConstraintCallback
 
 pytestmark = pytest.mark.tools  # make test-tools
 
-pytest.importorskip("trl")
 
 LINES = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer",
          "The slings and arrows of outrageous fortune,", "Or to take arms against a sea of troubles",

@@ -26,6 +26,7 @@ from transformers import AttentionInterface, AutoModel
 from modeling_angpt import AnGPTForCausalLM
 
 from conftest import ARCHITECTURES
+from contract_fixtures import BLOCK_THE_PACKAGE
 
 pytestmark = pytest.mark.tools  # make test-tools
 
@@ -161,13 +162,7 @@ def test_variants_vllm_cannot_compute_are_refused_in_one_line(tiny_config, varia
 
 
 # A fresh interpreter that cannot import modeling_angpt: the files saved beside each checkpoint provide the model.
-CHILD = textwrap.dedent("""
-    import importlib.abc, json, sys
-    class Block(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name == "modeling_angpt" or name.startswith("modeling_angpt."):
-                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
-    sys.meta_path.insert(0, Block())
+CHILD = BLOCK_THE_PACKAGE + textwrap.dedent("""
     import torch
     from transformers import AutoConfig, AutoModel
     ids = torch.tensor(json.loads(sys.argv[1]))
