@@ -110,12 +110,15 @@ def make_accelerator(recipe):
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration
 
+    from .trackers import accelerator_kwargs
+
     # use_seedable_sampler: the shuffle is a function of (seed, epoch) only, which is what makes
     # skip-the-consumed-batches resume exact.
     accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 and bf16_pays_off() else "no",
                               step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-                              **accelerator_device_kwargs())  # CPU-only processes form a gloo group
+                              **accelerator_device_kwargs(),  # CPU-only processes form a gloo group
+                              **accelerator_kwargs(recipe))  # the recipe's trackers (trackers.py)
     check_process_group(accelerator)
     enable_cpu_fsdp(accelerator)  # FSDP2 on CPU processes (gloo), which accelerate alone drops
     return accelerator

@@ -32,6 +32,7 @@ from .model_setup import (apply_constraints, architecture_defaults, blow_up_knob
                           compile_blocks)
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe
+from .trackers import check_installed, finish_trackers, start_trackers
 
 
 class NonFiniteLossError(RuntimeError):
@@ -131,6 +132,7 @@ def preflight(recipe: Recipe, resume: bool, overwrite: bool = False):
     """Everything that can be checked cheaply, before any data or model work (so bad inputs fail fast);
     the output directory's rules are in run_dir.py (runs never mix)."""
     check_launch_environment()
+    check_installed(recipe.report_to)
     source = resolve_source(recipe.dataset)
     config = build_config(recipe)
     resume_from = run_dir.prepare_output_dir(recipe, config, resume, overwrite)
@@ -208,12 +210,14 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     start_step = state["step"]
     if acc.is_main_process:
         run_dir.record_run(output_dir, recipe, model_config)
-    logger = MetricsLogger(output_dir, recipe.report_to, acc.is_main_process,
-                           resume_step=start_step if resume_from is not None else None)
+    resume_step = start_step if resume_from is not None else None
+    start_trackers(acc, recipe, output_dir, resume_step)
+    logger = MetricsLogger(output_dir, recipe.report_to, acc.is_main_process, resume_step=resume_step, log=acc.log)
     try:
         _loop(run, state, logger, fresh=resume_from is None, stop_after_steps=stop_after_steps)
     finally:
         logger.close()
+        finish_trackers(acc)
     result = TrainResult(output_dir, None, start_step, state["step"], state["losses"], state["val_losses"],
                          state["tokens"], run.raw_model, acc)
     if state["step"] < recipe.max_steps:  # stopped early on purpose

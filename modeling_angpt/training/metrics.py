@@ -1,4 +1,4 @@
-"""Metrics: JSONL + TensorBoard while training, a loss-curve PNG at the end, and the MFU estimate.
+"""Metrics: JSONL and the experiment trackers while training, a loss-curve PNG at the end, and the MFU estimate.
 
 Only the main process writes. MFU uses the PaLM-paper estimate of training FLOPs per token,
 6·N (forward + backward through the matrices) + 12·L·d·T (attention scores and weighted values at
@@ -123,30 +123,35 @@ def device_peak_flops(device: torch.device, override: float | None = None,
 
 
 class MetricsLogger:
-    """Appends one JSON object per event to metrics.jsonl and mirrors scalars to TensorBoard: training's log, and the
-    semantic-focus protocol's (one line per epoch). Only an `enabled` logger (the main process) writes.
+    """Appends one JSON object per event to metrics.jsonl (the run's own record) and hands the same values to the
+    experiment trackers: training's log, and the semantic-focus protocol's (one line per epoch). Only an `enabled`
+    logger (the main process) writes.
 
-    `step_key` names the counter in each line ("step" for training, "epoch" for the protocol). `resume_step` (a
-    resumed run) keeps the lines up to that step and drops what the interrupted run logged after it (it is
-    recomputed), in the JSONL file and in TensorBoard; a fresh run (None) starts a fresh file. `tensorboard_tags`
-    maps the logged keys to their TensorBoard tags; None mirrors every number under its own key."""
+    `log` is where the trackers get the values: training passes `accelerator.log`, whose trackers the run started
+    (training/trackers.py). Without it, "tensorboard" in `report_to` opens Accelerate's own TensorBoardTracker on
+    OUTPUT_DIR/tensorboard (the semantic-focus protocol, which has no Accelerator). `step_key` names the counter in
+    each line ("step" for training, "epoch" for the protocol). `resume_step` (a resumed run) keeps the lines up to that
+    step and drops what the interrupted run logged after it (it is recomputed); a fresh run (None) starts a fresh file.
+    `tracker_tags` maps the logged keys to the trackers' names for them; None passes every number under its own key."""
 
     def __init__(self, output_dir: Path, report_to: list[str], enabled: bool, resume_step: int | None = None,
-                 step_key: str = "step", tensorboard_tags: dict[str, str] | None = None):
-        self.enabled, self.step_key, self.tags = enabled, step_key, tensorboard_tags
+                 step_key: str = "step", tracker_tags: dict[str, str] | None = None, log=None):
+        self.enabled, self.step_key, self.tags, self.tracker_log = enabled, step_key, tracker_tags, log
         self.path = Path(output_dir) / "metrics.jsonl"
         self.jsonl = enabled and "jsonl" in report_to
-        self.writer = None
+        self.own_tracker = None
         if not enabled:
             return
         if self.path.exists():
             self._truncate_after(resume_step)
-        if "tensorboard" in report_to:
-            from torch.utils.tensorboard import SummaryWriter
+        if log is None and "tensorboard" in report_to:
+            from accelerate.tracking import TensorBoardTracker
 
             # purge_step drops the events at and after it: those logged after the state the run resumes from
-            self.writer = SummaryWriter(str(Path(output_dir) / "tensorboard"),
-                                        purge_step=None if resume_step is None else resume_step + 1)
+            self.own_tracker = TensorBoardTracker("", Path(output_dir) / "tensorboard",
+                                                  purge_step=None if resume_step is None else resume_step + 1)
+            self.own_tracker.start()
+            self.tracker_log = self.own_tracker.log
 
     def _truncate_after(self, step: int | None) -> None:
         keep = [] if step is None else [line for line in self.path.read_text().splitlines()
@@ -159,15 +164,15 @@ class MetricsLogger:
         if self.jsonl:
             with self.path.open("a") as f:
                 f.write(json.dumps({self.step_key: step, **values}) + "\n")
-        if self.writer is not None:
-            for key, value in values.items():
-                tag = key if self.tags is None else self.tags.get(key)
-                if tag is not None and isinstance(value, (int, float)):
-                    self.writer.add_scalar(tag, value, step)
+        if self.tracker_log is not None:
+            numbers = {key if self.tags is None else self.tags.get(key): value for key, value in values.items()
+                       if isinstance(value, (int, float)) and (self.tags is None or key in self.tags)}
+            if numbers:
+                self.tracker_log(numbers, step=step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        if self.own_tracker is not None:
+            self.own_tracker.finish()
 
 
 def read_metrics(path: Path) -> list[dict]:

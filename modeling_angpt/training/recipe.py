@@ -21,6 +21,8 @@ from pathlib import Path
 
 import yaml
 
+from .trackers import ACCELERATE_TRACKERS, unknown_entries
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # The optimiser keys each architecture fills when a recipe leaves them unset (Recipe.with_architecture_defaults;
@@ -112,7 +114,9 @@ class Recipe:
     eval_steps: int = _key(100, "validation loss every N steps and at the end; 0 = never")
     save_steps: int = _key(500, "checkpoint every N steps (and at the end); 0 = only at the end")
     save_total_limit: int | None = _key(2, "keep the newest N checkpoints; None or 0 keeps all")
-    report_to: list = _key(help="tensorboard, jsonl, none", factory=lambda: ["tensorboard", "jsonl"])
+    report_to: list = _key(help="jsonl (metrics.jsonl), none, all, or any of Accelerate's trackers: tensorboard, wandb, "
+                                "mlflow, trackio, aim, swanlab, dvclive, comet_ml, clearml",
+                           factory=lambda: ["tensorboard", "jsonl"])
     disable_tqdm: bool = _key(False, "no progress bar")
     dataloader_num_workers: int = _key(0, "DataLoader worker processes")
 
@@ -165,10 +169,10 @@ class Recipe:
         if self.eval_max_batches is not None and self.eval_max_batches <= 0:
             raise ValueError(f"recipe key eval_max_batches={self.eval_max_batches!r} must be > 0, or null for the "
                              "whole validation split")
-        unknown = set(self.report_to) - {"tensorboard", "jsonl", "none"}
+        unknown = unknown_entries(self.report_to)
         if unknown:
-            raise ValueError(f"recipe key report_to has unknown entries {sorted(unknown)}; "
-                             "expected tensorboard, jsonl or none")
+            raise ValueError(f"recipe key report_to has unknown entries {unknown}; expected jsonl, none, all or "
+                             f"a tracker Accelerate supports: {', '.join(ACCELERATE_TRACKERS)}")
 
     def with_architecture_defaults(self, defaults: dict) -> "Recipe":
         """Return a copy where every optimiser key left unset takes the architecture's value."""

@@ -2,7 +2,7 @@
 that keeps one live process in it, and the checkpoints written under it.
 
 The rules. A training run writes, under its `output_dir`, only the entries of `RUN_LAYOUT` (recipe.json and
-model_config.json first, then metrics, TensorBoard events, checkpoints/, final/, the loss curve). Runs never mix:
+model_config.json first, then metrics, the trackers' files, checkpoints/, final/, the loss curve). Runs never mix:
 
 - a new run needs an empty (or absent) `output_dir`;
 - `overwrite=True` (`angpt train --overwrite`) first deletes a previous run's entries, and only when the
@@ -45,8 +45,10 @@ except ImportError:  # Windows
 
 RECIPE_FILE = "recipe.json"
 MODEL_CONFIG_FILE = "model_config.json"
-RUN_LAYOUT = (RECIPE_FILE, MODEL_CONFIG_FILE, "metrics.jsonl", "loss_curve.png", "tensorboard", "checkpoints",
-              "final", ".tmp_final")
+# "logs", "wandb", "mlflow.db" and "trackers.json": the experiment trackers' (training/trackers.py); "tensorboard": runs
+# written before the trackers went through Accelerate
+RUN_LAYOUT = (RECIPE_FILE, MODEL_CONFIG_FILE, "metrics.jsonl", "loss_curve.png", "logs", "wandb", "mlflow.db",
+              "trackers.json", "tensorboard", "checkpoints", "final", ".tmp_final")
 RESUMABLE_KEYS = frozenset({
     "output_dir", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit", "report_to",
     "disable_tqdm", "dataloader_num_workers", "eval_max_batches", "per_device_eval_batch_size", "peak_flops",

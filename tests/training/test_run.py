@@ -34,7 +34,8 @@ def test_sixty_steps_lower_validation_loss(architecture, write_recipe, tmp_path)
     assert [r["step"] for r in logged] == [10, 20, 30, 40, 50, 60]
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in logged)
     assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 10_000
-    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    # Accelerate's TensorBoard tracker: OUTPUT_DIR/logs/<run directory name>/ (training/trackers.py)
+    assert list((tmp_path / "run" / "logs" / "run").glob("events.out.tfevents.*"))
 
 
 def test_kill_and_resume_reproduces_the_uninterrupted_losses(write_recipe, tmp_path):

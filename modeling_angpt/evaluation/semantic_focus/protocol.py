@@ -261,7 +261,7 @@ def open_log(out: Path | None, settings: ProtocolSettings, run: ProtocolRun, res
                                             "model_config": model_config}, indent=1, default=str))
     return MetricsLogger(out, ["jsonl", "tensorboard"] if settings.tensorboard else ["jsonl"], enabled=True,
                          resume_step=len(history) if resumed else None, step_key="epoch",
-                         tensorboard_tags=TENSORBOARD_TAGS)
+                         tracker_tags=TENSORBOARD_TAGS)
 
 
 def train_epochs(run: ProtocolRun, settings: ProtocolSettings, history: list[dict], logger: MetricsLogger,
