@@ -111,6 +111,27 @@ class Architecture:
         """s_z on the logits; its reparameterisation sets how fast Adam moves it (config.logit_scale_speed)."""
         return Scale(config.vocab_size, 1.0, 1.0 / config.logit_scale_speed)
 
+    # --- parallelism (docs/architectures.md, "Tensor and pipeline parallelism") ---------------------
+    def tp_plan(self, config) -> dict[str, str]:
+        """The base model's tensor-parallel plan in transformers' styles: q/k/v, gate and up split by output
+        features (whole heads), o_proj and down_proj by input features; each per-feature vector that multiplies a
+        split output is split the same way (its parameter `colwise`, its module run on this rank's part with
+        `local_params`). Vectors on the whole stream (α, norm gains, s_z after the gathered head) stay whole."""
+        attention, mlp = "layers.*.self_attn.", "layers.*.mlp."
+        plan = {attention + "q_proj": "colwise", attention + "k_proj": "colwise", attention + "v_proj": "colwise",
+                attention + "o_proj": "rowwise", mlp + "gate_proj": "colwise", mlp + "up_proj": "colwise",
+                mlp + "down_proj": "rowwise"}
+        if getattr(self.qk_norm(config), "weight", None) is not None:  # one gain over d_h, shared by every head
+            plan.update({attention + "q_norm": "replicated_with_grad_allreduce",
+                         attention + "k_norm": "replicated_with_grad_allreduce"})
+        split = []  # the vectors on split outputs: s_qk (k's channels, and q's through its groups), c_q, s_u, s_v
+        split += [attention + "qk_scale"] if self.qk_scale(config) is not None else []
+        split += [attention + "query_gain"] if self.query_gain(config) is not None else []
+        split += [mlp + "up_scale", mlp + "gate_scale"] if self.mlp_scales(config)[0] is not None else []
+        for name in split:
+            plan.update({name + ".weight": "colwise", name: "local_params"})
+        return plan
+
     # --- constants -------------------------------------------------------------------------------
     def softmax_scale(self, config) -> float:
         # With unit q and k (s_qk = 1) the logit √d_h·cos(q, k) equals GPT+'s RMS-normed q·k/√d_h.

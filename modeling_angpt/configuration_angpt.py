@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from .architectures_angpt import ARCHITECTURES
+from .architectures_angpt import ARCHITECTURES, get_architecture
 from .attention_angpt import attention_backends_supporting, backend_computes, check_attention_backend  # noqa: F401
 from .logit_transforms_angpt import LOGIT_TRANSFORMS
 from .rotary_angpt import ROPE_TYPES
@@ -133,6 +133,19 @@ class AnGPTConfig(PreTrainedConfig):
     pad_token_id: int | None = None
     bos_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+
+    # transformers' pipeline plan: each stage's module, the inputs it takes and the outputs it hands on (the same for
+    # every architecture; nGPT's and anGPT's `norm` is an identity).
+    base_model_pp_plan = {"embed_tokens": (["input_ids"], ["inputs_embeds"]),
+                          "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+                          "norm": (["hidden_states"], ["hidden_states"])}
+
+    @property
+    def base_model_tp_plan(self) -> dict[str, str]:
+        """The tensor-parallel plan of this architecture and form (architectures_angpt.Architecture.tp_plan): which
+        scale splits with which projection differs between them (docs/architectures.md, "Tensor and pipeline
+        parallelism")."""
+        return get_architecture(self).tp_plan(self)
 
     def __post_init__(self, **kwargs):
         _check_choice("architecture", self.architecture, ARCHITECTURES)

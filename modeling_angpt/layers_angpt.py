@@ -114,11 +114,16 @@ class Scale(nn.Module):
 
 
 class Gain(nn.Module):
-    """A plain per-channel gain read directly by the forward (no reparameterisation): the folded form's c_q."""
+    """A plain per-channel gain (no reparameterisation): the folded form's c_q. Called, as `Scale` is, so that a
+    tensor-parallel plan that splits it with its projection hands the forward this rank's part
+    (docs/architectures.md, "Tensor and pipeline parallelism")."""
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self) -> torch.Tensor:
+        return self.weight
 
     def extra_repr(self) -> str:
         return f"size={self.weight.shape[0]}"

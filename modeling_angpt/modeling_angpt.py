@@ -153,18 +153,19 @@ class AnGPTAttention(nn.Module):
                 output_scale=None, **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`output_scale`: a row scale on o_proj's output on top of ν_o (the residual update's branch factor)."""
         batch, length, _ = hidden_states.shape
-        heads = (batch, length, self.num_heads, self.head_dim)
-        kv_heads = (batch, length, self.num_key_value_heads, self.head_dim)
+        # -1 heads: under a tensor-parallel plan each rank holds a whole number of heads (docs/architectures.md,
+        # "Tensor and pipeline parallelism"), and every per-channel scale below comes split the same way
+        heads, kv_heads = (batch, length, -1, self.head_dim), (batch, length, -1, self.head_dim)
         query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
         key = self.k_norm(self.k_proj(hidden_states).view(kv_heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
         value = project(self.v_proj, hidden_states, self.nu_v).view(kv_heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = apply_rotary(query, key, *position_embeddings)
         if self.qk_scale is not None:  # s_qk after RoPE: one per key channel, shared by the query heads reading it
-            s_qk = self.qk_scale().view(self.num_key_value_heads, 1, self.head_dim).to(query.dtype)
+            s_qk = self.qk_scale().view(-1, 1, self.head_dim).to(query.dtype)
             query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
         if self.query_gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
-            query = query * self.query_gain.weight.view(self.num_heads, 1, self.head_dim).to(query.dtype)
+            query = query * self.query_gain().view(-1, 1, self.head_dim).to(query.dtype)
         paged = is_paged(past_key_values)  # continuous batching (paged_angpt.py)
         if paged:
             key, value = update_paged_cache(past_key_values, key, value, self.layer_idx, kwargs)
@@ -333,6 +334,9 @@ class AnGPTModel(AnGPTPreTrainedModel):
 class AnGPTForCausalLM(AnGPTPreTrainedModel, GenerationMixin):
     _can_record_outputs = RECORDED_OUTPUTS
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # The head splits the vocabulary and gathers the logits, so s_z multiplies whole logits (stays whole).
+    _tp_plan = {"lm_head": "colwise_gather_output"}
+    _pp_plan = {"lm_head": (["hidden_states"], ["logits"])}
     _can_compile_fullgraph = True  # no data-dependent branch in the forward; the static cache carries positions
 
     def init_continuous_batching(self, *args, **kwargs):
