@@ -94,7 +94,7 @@ def test_help_is_fast_complete_and_imports_nothing_heavy():
         assert f"    {field.name} (" in out and field.metadata["help"] in out, field.name
     assert "learning_rate (0.001): peak learning rate" in out
     assert "eval_steps (100): validation loss every N steps and at the end; 0 = never" in out
-    assert 'report_to (["tensorboard", "jsonl"]): tensorboard, jsonl, none' in out
+    assert 'report_to (["tensorboard", "jsonl"]): jsonl (metrics.jsonl), none, all, or any of Accelerate' in out
     assert "  data:\n    dataset (\"shakespeare\"):" in out
     for architecture in ARCHITECTURE_DEFAULTS:   # the values unset optimiser keys take
         assert re.search(rf"^  {architecture}: optim=adamw? ", out, re.M), architecture

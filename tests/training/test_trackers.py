@@ -1,0 +1,36 @@
+"""report_to's names and errors (training/trackers.py); the round trip through each tracker's own reader is
+tests/tools/test_trackers.py."""
+import pytest
+from cli_helpers import angpt, assert_one_line_error
+from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
+
+from modeling_angpt.training.trackers import ACCELERATE_TRACKERS, flat_config
+
+
+def test_the_tracker_names_are_accelerates():
+    from accelerate.utils import LoggerType
+
+    assert set(ACCELERATE_TRACKERS) == {t.value for t in LoggerType} - {"all"}
+
+
+def test_an_unknown_tracker_is_one_line_listing_the_known_ones(write_recipe, tmp_path):
+    proc = angpt("train", write_recipe(), "--override", "report_to=[jsonl,tensorbord]")
+    assert_one_line_error(proc, "recipe key report_to has unknown entries ['tensorbord']", "tensorboard, wandb")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tracker_that_is_not_installed_names_the_package(write_recipe, tmp_path, monkeypatch):
+    from accelerate.utils import imports
+
+    if imports.is_aim_available():
+        pytest.skip("aim is installed here")
+    proc = angpt("train", write_recipe(), "--override", "report_to=[jsonl,aim]")
+    assert_one_line_error(proc, "report_to names 'aim', which is not installed; pip install aim")
+    assert not (tmp_path / "run").exists()  # refused before the run directory was touched
+
+
+def test_the_recipe_becomes_flat_hyperparameters():
+    flat = flat_config({"learning_rate": 0.004, "report_to": ["jsonl", "wandb"], "warmup_ratio": None,
+                        "model_kwargs": {"hidden_size": 64, "rope": {"theta": 1e4}}})
+    assert flat == {"learning_rate": 0.004, "report_to": "jsonl,wandb", "warmup_ratio": None,
+                    "model_kwargs.hidden_size": 64, "model_kwargs.rope.theta": 1e4}
