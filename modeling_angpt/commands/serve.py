@@ -6,12 +6,16 @@ import argparse
 import os
 import sys
 
-from . import CommandError, int_at_least
+from . import CommandError, float_at_least, int_at_least
+
+API_KEY_VARIABLE = "ANGPT_API_KEY"
 
 DESCRIPTION = """Serve a checkpoint (training form or folded, with its tokenizer beside it) as an OpenAI-compatible
 server: transformers' own server (`transformers serve`), the model loaded through this package's Auto classes.
 /v1/completions and streaming always; /v1/chat/completions when the tokenizer has a chat template. Requests name the
-model as CHECKPOINT is written here. Ctrl+C stops it."""
+model as CHECKPOINT is written here. Each request is checked before it reaches the model (a bad one is a 4xx with
+one line); a model worker that dies is restarted, up to --max-worker-restarts times, then the server exits with
+status 1. Ctrl+C stops it."""
 
 
 def port_number(text: str) -> int:
@@ -46,6 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "256 on a CPU)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                         help="the server's log level (default info)")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE) or None,
+                        help=f"key callers must send as 'Authorization: Bearer KEY' (OpenAI clients' api_key); "
+                             f"default: the {API_KEY_VARIABLE} environment variable, else none (anyone may call)")
+    parser.add_argument("--max-concurrent-requests", type=int_at_least(1), default=128,
+                        help="requests the server holds at once, running or waiting for room in the batch; one "
+                             "more is answered 429 at once (default 128)")
+    parser.add_argument("--request-timeout", type=float_at_least(0), default=600.0,
+                        help="seconds a request may run before it is stopped (504, or an error event ending its "
+                             "stream); 0: no limit (default 600)")
+    parser.add_argument("--max-request-bytes", type=int_at_least(1), default=8 * 2**20,
+                        help="largest request body taken, in bytes; a larger one is answered 413 (default 8 MiB)")
+    parser.add_argument("--max-worker-restarts", type=int_at_least(0), default=3,
+                        help="times the model's worker is restarted when it dies, in the server's life; once "
+                             "spent, the server exits with status 1 for a process supervisor to restart it "
+                             "(default 3)")
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -58,10 +77,12 @@ def validate(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..checkpoint_check import CheckpointError
-    from ..serving import ServeError, ServeOptions, check_checkpoint_servable, check_port_free, serve_checkpoint
+    from ..serving import (ServeError, ServeOptions, check_checkpoint_servable, check_port_free,
+                           open_to_others_warning, serve_checkpoint)
 
     options = ServeOptions(**{name: value for name, value in vars(args).items()
                               if name in ServeOptions.__dataclass_fields__})
+    options.request_timeout = options.request_timeout or None  # 0: no limit
     try:
         check_port_free(options.host, options.port)
         has_chat_template = check_checkpoint_servable(options)
@@ -71,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
     chat = "" if has_chat_template else " (no chat template in its tokenizer: /v1/chat/completions answers an error)"
     print(f"angpt serve: serving {options.checkpoint} at http://{options.host}:{options.port}/v1 as model "
           f"{options.checkpoint!r}{chat}; Ctrl+C stops", file=sys.stderr, flush=True)
+    warning = open_to_others_warning(options.host, options.api_key)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     try:
         serve_checkpoint(options)
     except ServeError as error:
