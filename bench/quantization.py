@@ -13,6 +13,12 @@ weight constraint after each, on a repetitive text held in this file; it is save
 embedding and `lm_head` in float. Both models then read the same windows of the text: agreement is the share of
 positions where the argmax of the logits is the same token, max |Δlogit| the largest difference over all positions
 and vocabulary entries.
+
+bitsandbytes has two CPU paths for a 4-bit layer (docs/tools.md, "bitsandbytes on a CPU: two 4-bit paths"): the
+generic one (dequantize, matmul in the compute dtype, float32 here) and, on a CPU with AVX512-BF16, a packed bfloat16
+kernel that it takes in eval mode without gradients. The script measures each by name, forcing the path
+(`bnb-4bit`: generic, `bnb-4bit-avx512bf16`: packed, left out where the CPU lacks the instruction set), and names the
+8-bit path's integer matmul (torch's `_int_mm` where torch dispatches AVX-512 kernels, a float32 matmul elsewhere).
 """
 from __future__ import annotations
 
@@ -85,7 +91,7 @@ def quantization_config(name: str):
 
     if name == "bnb-8bit":
         return BitsAndBytesConfig(load_in_8bit=True)
-    if name == "bnb-4bit":
+    if name in FOUR_BIT_PATHS:
         return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
     from torchao.quantization import (Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig,
                                       IntxWeightOnlyConfig, PerGroup)
@@ -99,18 +105,47 @@ def quantization_config(name: str):
 
 MODES = {  # name -> (tool, mode as docs/tools.md names it)
     "bnb-8bit": ("bitsandbytes", "8-bit (LLM.int8)"),
-    "bnb-4bit": ("bitsandbytes", "4-bit NF4"),
+    "bnb-4bit": ("bitsandbytes", "4-bit NF4, generic path (float32)"),
+    "bnb-4bit-avx512bf16": ("bitsandbytes", "4-bit NF4, AVX512-BF16 path (bfloat16)"),
     "torchao-int8-weight": ("torchao", "int8 weight-only"),
     "torchao-int8-dynamic": ("torchao", "int8 dynamic (int8 activations and weights)"),
     "torchao-int4-weight": ("torchao", "int4 weight-only (intx, group 32)"),
 }
 
 
+# bitsandbytes' 4-bit CPU path per mode: the value of each `Linear4bit`'s `support_avx512bf16_for_cpu`, which it sets
+# from the CPU at load time and reads in every forward (packed bfloat16 kernel when set, in eval mode without grad)
+FOUR_BIT_PATHS = {"bnb-4bit": False, "bnb-4bit-avx512bf16": True}
+
+
+def has_avx512bf16() -> bool:
+    from bitsandbytes.functional import has_avx512bf16 as bitsandbytes_sees_it
+
+    return bool(bitsandbytes_sees_it())
+
+
+def use_4bit_path(model, packed: bool):
+    """Every 4-bit layer of `model` on bitsandbytes' packed AVX512-BF16 path (`packed`) or its generic one."""
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = packed
+    return model
+
+
+def int8_path() -> str:
+    """The integer matmul bitsandbytes' 8-bit layers run here: it registers torch's `_int_mm` only where torch
+    dispatches AVX-512 kernels (`ATEN_CPU_CAPABILITY` can lower that), else multiplies the int8 values in float32;
+    both are exact for these widths (products of int8 summed over fewer than 1,040 terms fit float32's mantissa)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    return "torch._int_mm" if capability == "AVX512" else f"float32 matmul ({capability} dispatch)"
+
+
 def load_quantized(path, name: str):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization_config(name),
-                                                device_map="cpu").eval()
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=quantization_config(name),
+                                                 device_map="cpu").eval()
+    return use_4bit_path(model, FOUR_BIT_PATHS[name]) if name in FOUR_BIT_PATHS else model
 
 
 @torch.no_grad()
@@ -136,6 +171,9 @@ def measure(args) -> tuple[list[tuple], dict[str, tuple[float, float]]]:
     from transformers import AutoModelForCausalLM
 
     batch = windows(tokens(), args.windows, seed=12345)
+    if "bnb-4bit-avx512bf16" in args.modes and not has_avx512bf16():
+        print("bnb-4bit-avx512bf16 left out: this CPU has no AVX512-BF16, which bitsandbytes' packed kernel needs")
+        args.modes = [name for name in args.modes if name != "bnb-4bit-avx512bf16"]
     rows, accuracies = [], {}
     with tempfile.TemporaryDirectory() as directory:
         for architecture in args.architectures:
@@ -166,6 +204,11 @@ def section(rows, accuracies, args, argv) -> str:
         f"{args.windows} windows of {WINDOW} tokens ({args.windows * WINDOW} positions) against the float model of "
         "the same form. Each quantized model comes from `from_pretrained(path, quantization_config=...)`: every "
         "projection quantized, the embedding and `lm_head` left in float (transformers' default for both tools).",
+        "",
+        f"bitsandbytes' paths on this machine: 8-bit integer matmul {int8_path()}; 4-bit NF4 on the generic path "
+        "(dequantized weights, float32 matmul) on any CPU"
+        + (", and on the packed AVX512-BF16 path (bfloat16 kernel; each layer's input at least 64 wide)."
+           if has_avx512bf16() else "; this CPU has no AVX512-BF16, so the packed 4-bit path was not measured."),
         "",
         *table,
     ])

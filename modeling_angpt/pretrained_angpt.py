@@ -6,6 +6,8 @@ nothing of the project but the other flat *_angpt.py files.
 """
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -79,6 +81,37 @@ def _is_float_matrix(weight) -> bool:
                                                or type(weight).__name__ == "DTensor")
 
 
+def restore_4bit_layout(model: nn.Module, keep_generic: bool = False) -> int:
+    """Give every bitsandbytes 4-bit layer that ran on its AVX512-BF16 path the storage of its generic path back;
+    with `keep_generic`, keep every 4-bit layer on the generic path from then on. Returns how many it restored.
+
+    Why (docs/tools.md, "bitsandbytes on a CPU: two 4-bit paths"): on a CPU with AVX512-BF16, bitsandbytes 0.50
+    repacks a layer's weight for its bfloat16 kernel the first time the layer runs in eval mode without gradients,
+    and keeps that layout. The packed kernel passes no gradient back to the layer's input, so an adapter trained
+    afterwards learns from wrong gradients; and bitsandbytes' own inverse, which its saving calls, leaves the block
+    scales in bfloat16 and transposed, so the saved checkpoint holds other weights (a transformers Qwen3 the same).
+    The inverse here is bitsandbytes' own, then the scales back in their flat float32 order; their bfloat16
+    rounding stays (the packed path computed with it too)."""
+    functional = sys.modules.get("bitsandbytes.functional")
+    if functional is None:  # bitsandbytes was never imported: no model holds its layers
+        return 0
+    restored = 0
+    for module in model.modules():
+        if not hasattr(module, "support_avx512bf16_for_cpu"):
+            continue
+        if keep_generic:
+            module.support_avx512bf16_for_cpu = False
+        state = getattr(module.weight, "quant_state", None)
+        if getattr(state, "packing_format_for_cpu", False):
+            nested = state.original_nested
+            module.weight.data, state = functional._convert_weight_packed_for_cpu_inverse(module.weight.data, state)
+            if not nested:  # bitsandbytes' inverse flattens the scales back only when it re-quantizes them
+                state.absmax = state.absmax.T.reshape(-1).float()
+            module.weight.quant_state = state
+            restored += 1
+    return restored
+
+
 class AnGPTPreTrainedModel(PreTrainedModel):
     config_class = AnGPTConfig
     config: AnGPTConfig
@@ -140,7 +173,9 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, *args, **kwargs):
         """transformers' saving; a checkpoint saved for remote code names every Auto class in `auto_map`, not only
         the saving class's (transformers writes that one alone), because runtimes load the class they need: vLLM
-        builds the base model with `AutoModel` (docs/tools.md, "vLLM")."""
+        builds the base model with `AutoModel` (docs/tools.md, "vLLM"). 4-bit layers packed for bitsandbytes'
+        AVX512-BF16 kernel are saved in their generic layout, restored correctly (restore_4bit_layout)."""
+        restore_4bit_layout(self)
         if self._auto_class is not None:
             self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
                                     **{auto: f"modeling_angpt.{name}" for auto, name in AUTO_CLASSES.items()}}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
+from ..pretrained_angpt import restore_4bit_layout
 from .distributed import apply_weight_constraints
 
 
@@ -20,7 +21,8 @@ def _unwrap(model):
 
 
 class WeightConstraintCallback(TrainerCallback):
-    """Project weights back onto the constraint set at the start and after every optimiser step.
+    """Project weights back onto the constraint set at the start and after every optimiser step; at the start, keep
+    bitsandbytes' 4-bit layers on the CPU path that passes gradients back (restore_4bit_layout).
     On every rank (each replica applies the same projection, so DDP replicas stay identical; FSDP2 shards are
     handled by training/distributed.py)."""
 
@@ -29,6 +31,8 @@ class WeightConstraintCallback(TrainerCallback):
             apply_weight_constraints(_unwrap(model))
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None:  # QLoRA on a CPU: evaluations between steps must not repack the 4-bit weights
+            restore_4bit_layout(_unwrap(model), keep_generic=True)
         self._apply(model)
 
     def on_optimizer_step(self, args, state, control, model=None, **kwargs):
