@@ -12,7 +12,7 @@ DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: venv install demo test test-experiments test-tools test-transformers bench bench-gpu clean
+.PHONY: venv install demo test test-experiments test-tools test-parallel test-transformers bench bench-gpu clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ test-experiments: $(STAMP)
 test-tools: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "tools and not slow and not gpu" -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
 		--durations=10 tests/tools
+
+# Several processes on this machine (torchrun, gloo; tests/parallel, docs/architectures.md "Tensor and pipeline
+# parallelism"): tensor and pipeline parallelism against one process, and a run that loses a rank. About a minute.
+test-parallel: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m "parallel and not slow and not gpu" -p no:xdist -p no:cacheprovider --durations=5 \
+		tests/parallel
 
 # transformers' own common tests (ModelTesterMixin, ConfigTester) for the three architectures, from the source
 # distribution of the installed transformers (pip downloads it once into ~/.cache/angpt; docs/transformers-compat.md).

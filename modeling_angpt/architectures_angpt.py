@@ -150,15 +150,16 @@ class Architecture:
         """Project one matrix after an optimiser step (in place); nothing by default."""
 
     @torch.no_grad()
-    def constrain_all(self, matrices: list[tuple[torch.Tensor, bool]], reduce_group=None) -> None:
+    def constrain_all(self, matrices: list[tuple[torch.Tensor, bool]], reduce_group=None, shard_dim: int = 0) -> None:
         """Project every matrix after an optimiser step, as a few grouped ops (docs/architectures.md, "Weight
         constraints").
 
         Matrices of one shape, dtype, device and axis are stacked so that one norm, one clamp and one
         `torch._foreach_div_`/`_foreach_copy_` serve them all (about 5 groups per model instead of 3-4 ops per
         matrix); the results are bit-identical to `constrain` per matrix (tests/model/test_compile_and_constraints.py).
-        `reduce_group`: the process group over which a norm along dim 0 is summed when each tensor is one rank's
-        dim-0 shard (FSDP2); norms along dim -1 (whole rows) never need it."""
+        `reduce_group`: the process group over which a norm along `shard_dim` is summed when each tensor is one
+        rank's shard along that dim (FSDP2 shards dim 0; a tensor-parallel rowwise split, dim 1); a norm along the
+        other dim covers whole vectors and never needs it."""
         if not self.norm_axis:
             return
         groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
@@ -167,12 +168,13 @@ class Architecture:
         for (_, _, _, residual_output), weights in groups.items():
             dim = self.norm_axis(residual_output)
             stacked = torch.stack(weights).float()
-            if dim == 0 and reduce_group is not None:  # a column spans every rank's shard of dim 0
-                squares = stacked.square().sum(dim=1, keepdim=True)
+            axis = dim + 1 if dim >= 0 else dim
+            if reduce_group is not None and dim % (stacked.ndim - 1) == shard_dim % (stacked.ndim - 1):
+                squares = stacked.square().sum(dim=axis, keepdim=True)  # the vector spans every rank's shard
                 torch.distributed.all_reduce(squares, group=reduce_group)
                 norms = squares.sqrt()
             else:
-                norms = torch.linalg.vector_norm(stacked, dim=dim + 1 if dim >= 0 else dim, keepdim=True)
+                norms = torch.linalg.vector_norm(stacked, dim=axis, keepdim=True)
             self.project_stacked(weights, stacked, norms)
 
     norm_axis = None  # callable residual_output -> dim of the norm, for architectures with a constraint
@@ -366,7 +368,7 @@ class _Folded:
     def constrain(self, weight, residual_output):
         raise RuntimeError(FOLDED_TRAINING_ERROR)
 
-    def constrain_all(self, matrices, reduce_group=None):
+    def constrain_all(self, matrices, reduce_group=None, shard_dim=0):
         raise RuntimeError(FOLDED_TRAINING_ERROR)
 
     def optimizer_param_groups(self, model, weight_decay):

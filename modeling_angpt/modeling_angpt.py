@@ -114,6 +114,14 @@ class AnGPTRotaryEmbedding(nn.Module):
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
+# What a runtime that splits only nn.Linear modules (vLLM's Transformers backend) meets in a folded nGPT/anGPT: the
+# per-channel query gain c_q is a vector next to the split q_proj (docs/architectures.md, "Tensor and pipeline
+# parallelism").
+QUERY_GAIN_UNSPLIT = ("the folded query gain c_q (self_attn.query_gain) was left whole while q_proj was split across "
+                      "ranks; split it with q_proj (transformers' tp_plan does), or run this folded nGPT/anGPT "
+                      "checkpoint without tensor parallelism")
+
+
 # --- the one decoder block ------------------------------------------------------------------------------------------
 class AnGPTAttention(nn.Module):
     """Multi-head or grouped-query attention; the architecture decides the q/k treatment, softmax scale and ν
@@ -165,7 +173,11 @@ class AnGPTAttention(nn.Module):
             s_qk = self.qk_scale().view(-1, 1, self.head_dim).to(query.dtype)
             query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
         if self.query_gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
-            query = query * self.query_gain().view(-1, 1, self.head_dim).to(query.dtype)
+            gain = self.query_gain()
+            if gain.numel() != query.shape[1] * self.head_dim:  # a runtime split q_proj but not c_q
+                raise ValueError(f"{QUERY_GAIN_UNSPLIT}: this rank's q has {query.shape[1]} heads, the gain "
+                                 f"{gain.numel() // self.head_dim}")
+            query = query * gain.view(-1, 1, self.head_dim).to(query.dtype)
         paged = is_paged(past_key_values)  # continuous batching (paged_angpt.py)
         if paged:
             key, value = update_paged_cache(past_key_values, key, value, self.layer_idx, kwargs)

@@ -1,5 +1,5 @@
 """Launching a run over several processes, and what sharding needs: every launched process in one process group or
-the run stops, FSDP2 on CPU processes, and the weight constraint on FSDP2 shards.
+the run stops, FSDP2 on CPU processes, and the weight constraint on FSDP2 and tensor-parallel shards.
 
 The process group. `accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml ...` starts the
 processes with torchrun, which sets WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. On a machine without
@@ -148,29 +148,29 @@ def enable_cpu_fsdp(accelerator) -> bool:
 
 
 def _local_shard(weight):
-    """(this rank's tensor, the process group its dim 0 is sharded over or None) for a parameter that may be a
-    DTensor (FSDP2 shards dim 0 with `Shard(0)`; replicated mesh dims hold the same values)."""
+    """(this rank's tensor, the process group it is sharded over or None, the sharded dim) for a parameter that may be
+    a DTensor: FSDP2 shards dim 0, a tensor-parallel plan dim 0 (colwise) or dim 1 (rowwise); replicated mesh dims
+    hold the same values."""
     if type(weight).__name__ != "DTensor":
-        return weight, None
-    local, group = weight.to_local(), None
+        return weight, None, 0
+    local, group, dim = weight.to_local(), None, 0
     for mesh_dim, placement in enumerate(weight.placements):
         if placement.is_shard():
-            if placement.dim != 0:
-                raise NotImplementedError(f"weight constraint on a DTensor sharded along dim {placement.dim}; "
-                                          "FSDP2 shards dim 0")
             if group is not None:
                 raise NotImplementedError("weight constraint on a DTensor sharded over several mesh dims")
-            group = weight.device_mesh.get_group(mesh_dim)
-    return local, group
+            group, dim = weight.device_mesh.get_group(mesh_dim), placement.dim % weight.ndim
+    return local, group, dim
 
 
 def apply_weight_constraints(model) -> None:
-    """`model.apply_weight_constraints()`, also when FSDP2 has sharded its parameters (DTensors).
+    """`model.apply_weight_constraints()`, also when FSDP2 or a tensor-parallel plan has sharded its parameters
+    (DTensors): the projection of each whole matrix, computed on the shards.
 
-    Every DTensor is one rank's dim-0 shard (whole rows). Row norms need nothing from other ranks; a norm along dim
-    0 (nGPT's o_proj/down_proj columns) is summed over the shards' process group. One matrix at a time, in module
-    order: uneven shards have rank-dependent local shapes, and grouping by them could pair different matrices'
-    all-reduces on different ranks. Models without a constraint (not this library's) are left alone."""
+    A norm along a sharded dim (anGPT's rows of a rowwise-split o_proj/down_proj; nGPT's columns of an FSDP2 shard)
+    sums its squares over the shard's process group; a norm along the other dim covers whole vectors and needs
+    nothing from other ranks (docs/architectures.md, "Tensor and pipeline parallelism"). One matrix at a time, in
+    module order: uneven shards have rank-dependent local shapes, and grouping by them could pair different
+    matrices' all-reduces on different ranks. Models without a constraint (not this library's) are left alone."""
     if not hasattr(model, "apply_weight_constraints"):
         return
     matrices = list(model.constrained_matrices())
@@ -181,5 +181,5 @@ def apply_weight_constraints(model) -> None:
 
     with torch.no_grad():
         for weight, residual_output in matrices:
-            local, group = _local_shard(weight)
-            model.architecture_strategy.constrain_all([(local, residual_output)], reduce_group=group)
+            local, group, dim = _local_shard(weight)
+            model.architecture_strategy.constrain_all([(local, residual_output)], reduce_group=group, shard_dim=dim)

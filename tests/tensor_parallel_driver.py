@@ -1,0 +1,189 @@
+"""Run by tests/parallel/test_tensor_parallel.py under `torchrun --nproc_per_node 2` (gloo, CPU): every checkpoint
+of WORK/cases.json split across the two processes the ways users split a model, each result written to
+WORK/<case>/ by rank 0 for the test to compare with one process (docs/architectures.md, "Tensor and pipeline
+parallelism"). One launch for every case keeps the suite's time down.
+
+- tensor parallelism by transformers: `from_pretrained(DIR, distributed_config=DistributedConfig(tp_size=2))` (the
+  checkpoint's own plan), its logits, greedy cached `generate`, `save_pretrained` from the split model;
+  for a training checkpoint one AdamW step with the weight constraint on the shards
+  (modeling_angpt.training.distributed.apply_weight_constraints), and that constraint alone on weights moved off it;
+- vLLM's rule, emulated: every `nn.Linear` the plan names replaced by this file's column- or row-split layer, every
+  other parameter whole (vLLM's Transformers backend shards nothing else);
+- pipeline parallelism by transformers: `DistributedConfig(pp_size=2)`, two stages, the last one's logits.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+from transformers import AutoModelForCausalLM
+from transformers.distributed import DistributedConfig
+
+import modeling_angpt  # noqa: F401 (registers the Auto classes)
+from modeling_angpt.training.distributed import apply_weight_constraints
+
+LEARNING_RATE, WEIGHT_DECAY, CONSTRAINT_STRETCH = 1e-3, 0.1, 1.7
+
+
+def probe(vocab_size: int) -> torch.Tensor:
+    """The token ids every check runs on (the test builds the same ones)."""
+    return (torch.arange(24).view(2, 12) * 7 + 3) % vocab_size
+
+
+def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole (DTensors gathered: every rank must call it)."""
+    return {name: (p.full_tensor() if type(p).__name__ == "DTensor" else p).detach().clone().contiguous()
+            for name, p in model.named_parameters()}
+
+
+def stretch_constrained(model: nn.Module) -> None:
+    """Move every constrained matrix off its constraint (the same on every rank and in the one-process oracle)."""
+    with torch.no_grad():
+        for weight, _ in model.constrained_matrices():
+            weight.mul_(CONSTRAINT_STRETCH)
+
+
+def one_training_step(model: nn.Module, ids: torch.Tensor) -> float:
+    """What the test's one process runs too: loss on `ids`, AdamW over the architecture's groups, the constraint.
+    The gradients stay on the parameters (the test compares them)."""
+    model.train()
+    groups = model.optimizer_param_groups(WEIGHT_DECAY) if hasattr(model, "optimizer_param_groups") else \
+        [{"params": list(model.parameters()), "weight_decay": WEIGHT_DECAY}]
+    optimizer = torch.optim.AdamW(groups, lr=LEARNING_RATE, foreach=False)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    apply_weight_constraints(model)
+    return loss.item()
+
+
+def tensor_parallel_checks(case: Path, training: bool, rank: int) -> dict:
+    split = DistributedConfig(tp_size=2)
+    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split, dtype=torch.float32)
+    ids = probe(model.config.vocab_size)
+    sharded = sorted(name for name, p in model.named_parameters()
+                     if type(p).__name__ == "DTensor" and any(pl.is_shard() for pl in p.placements))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        tokens = model.generate(ids[:, :6], max_new_tokens=8, do_sample=False, min_new_tokens=8, pad_token_id=0)
+    model.save_pretrained(case / "saved_from_split")
+    out = {"logits": logits, "tokens": tokens}
+    report = {"sharded": sharded}
+    if training:
+        if hasattr(model, "constrained_matrices"):
+            stretch_constrained(model)
+            apply_weight_constraints(model)
+            out.update({f"constrained.{k}": v for k, v in full_state(model).items()})
+        model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split,
+                                                     dtype=torch.float32)
+        report["loss"] = one_training_step(model, ids)
+        out.update({f"stepped.{k}": v for k, v in full_state(model).items()})
+        out.update({f"grad.{name}": (p.grad.full_tensor() if type(p.grad).__name__ == "DTensor" else p.grad).clone()
+                    for name, p in model.named_parameters()})
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in out.items()}, case / "tensor_parallel.safetensors")
+    return report
+
+
+# --- vLLM's rule (its Transformers backend): only the nn.Linear modules the plan names are split --------------------
+class ColumnSplitLinear(nn.Module):
+    """Stands for vLLM's ColumnParallelLinear: this rank's slice of the output features; not an nn.Linear."""
+
+    def __init__(self, linear: nn.Linear, rank: int, world: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=0)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowSplitLinear(nn.Module):
+    """Stands for vLLM's RowParallelLinear: this rank's slice of the input features, the partial sums all-reduced."""
+
+    def __init__(self, linear: nn.Linear, rank: int, world: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=1)[rank].clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        output = F.linear(x, self.weight)
+        dist.all_reduce(output)
+        return output
+
+
+VLLM_LAYERS = {"colwise": ColumnSplitLinear, "rowwise": RowSplitLinear}
+
+
+def split_as_vllm(model: nn.Module, rank: int, world: int) -> list[str]:
+    """Replace each nn.Linear of the base model whose name the config's plan matches (vLLM matches the plan's keys as
+    regular expressions); a style vLLM has no layer for is refused, as vLLM refuses it. Returns the names split."""
+    base = model.base_model_prefix
+    plan = {f"{base}.{key}": style for key, style in (model.config.base_model_tp_plan or {}).items()}
+    split = []
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Linear) or not name.startswith(base + "."):
+            continue
+        style = next((plan[key] for key in plan if re.match(key, name)), "replicate")
+        if style == "replicate":
+            continue
+        if style not in VLLM_LAYERS:
+            raise ValueError(f"vLLM: unsupported parallel style {style!r} for {name}")
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, VLLM_LAYERS[style](module, rank, world))
+        split.append(name)
+    return split
+
+
+def vllm_rule_checks(case: Path, rank: int) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", dtype=torch.float32).eval()
+    split = split_as_vllm(model, rank, dist.get_world_size())
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=probe(model.config.vocab_size)).logits
+    except ValueError as error:  # the same on both ranks, before any collective of the forward
+        return {"vllm_split": split, "vllm_error": str(error)}
+    if rank == 0:
+        save_file({"logits": logits.contiguous()}, case / "vllm_rule.safetensors")
+    return {"vllm_split": split}
+
+
+def pipeline_checks(case: Path, rank: int) -> dict:
+    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=DistributedConfig(pp_size=2),
+                                                 dtype=torch.float32).eval()
+    held = sorted({name.split(".")[2] for name, _ in model.named_parameters() if name.startswith("model.layers.")})
+    with torch.no_grad():
+        logits = model(input_ids=probe(model.config.vocab_size)).logits
+    if rank == 0:
+        save_file({"logits": logits.contiguous()}, case / "pipeline.safetensors")
+    return {f"stage{rank}_layers": held}
+
+
+def main() -> None:
+    work = Path(sys.argv[1])
+    torch.manual_seed(0)
+    cases = json.loads((work / "cases.json").read_text())
+    reports = {}
+    for name, spec in cases.items():
+        case = work / name
+        rank = int(__import__("os").environ["RANK"])
+        report = tensor_parallel_checks(case, spec["training"], rank)
+        if spec["vllm"]:
+            report.update(vllm_rule_checks(case, rank))
+        report.update(pipeline_checks(case, rank))
+        reports[name] = report
+    all_reports = [None] * dist.get_world_size()
+    dist.all_gather_object(all_reports, reports)
+    if dist.get_rank() == 0:
+        (work / "reports.json").write_text(json.dumps(all_reports))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
