@@ -30,6 +30,7 @@ from .distributed import check_launch_environment, group_peak_flops, make_accele
 from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
 from .model_setup import (apply_constraints, architecture_defaults, blow_up_knobs, build_config, build_model,
                           compile_blocks)
+from .norm_health import NormProbe
 from .optim import build_optimizer, build_scheduler
 from .recipe import Recipe
 from .trackers import check_installed, finish_trackers, start_trackers
@@ -243,9 +244,10 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
                             bool(recipe.peak_flops))
 
     def run_eval(step: int) -> None:
-        val = evaluate(acc, run.model, run.val_dl, recipe.eval_max_batches)
+        with NormProbe(run.raw_model) as probe:  # the norms the ν constants assume (norm_health.py)
+            val = evaluate(acc, run.model, run.val_dl, recipe.eval_max_batches)
         state["val_losses"].append([step, val])
-        logger.log(step, val_loss=val)
+        logger.log(step, val_loss=val, tokens=state["tokens"], **probe.summary(acc))
 
     if fresh and recipe.eval_steps > 0:
         run_eval(0)  # the untrained baseline, so every curve starts at the same point

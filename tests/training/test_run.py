@@ -33,6 +33,11 @@ def test_sixty_steps_lower_validation_loss(architecture, write_recipe, tmp_path)
     logged = [r for r in rows if "loss" in r]
     assert [r["step"] for r in logged] == [10, 20, 30, 40, 50, 60]
     assert all(r["tokens_per_s"] > 0 and 0 < r["mfu"] for r in logged)
+    # each evaluation: tokens seen and the norms the architecture's constants assume (training/norm_health.py)
+    evaluations = [r for r in rows if "val_loss" in r]
+    assert [r["tokens"] for r in evaluations] == [0, 30 * 8 * 64, 60 * 8 * 64]
+    norms = {"gptplus": set(), "ngpt": {"h_dist"}, "angpt": {"h", "attn", "mlp"}}[architecture]
+    assert {k.split("/")[1].rsplit("_", 1)[0] for k in evaluations[-1] if k.startswith("norm/")} == norms
     assert (tmp_path / "run" / "loss_curve.png").stat().st_size > 10_000
     # Accelerate's TensorBoard tracker: OUTPUT_DIR/logs/<run directory name>/ (training/trackers.py)
     assert list((tmp_path / "run" / "logs" / "run").glob("events.out.tfevents.*"))
