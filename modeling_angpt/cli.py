@@ -24,6 +24,7 @@ COMMANDS = {
     "eval": ("modeling_angpt.commands.eval", "evaluate a checkpoint (lm-eval suites, held-out loss, length, needle)"),
     "generate": ("modeling_angpt.commands.generate", "generate text from a checkpoint"),
     "serve": ("modeling_angpt.commands.serve", "serve a checkpoint as an OpenAI-compatible server (transformers')"),
+    "compare": ("modeling_angpt.commands.compare", "compare training runs: loss against tokens, tokens to a target loss"),
     "semantic-focus": ("modeling_angpt.commands.semantic_focus",
                        "semantic-focus paper's protocol on one task and attention configuration"),
 }
