@@ -131,6 +131,7 @@ def test_readme_tour_runs_verbatim_in_order(tmp_path):
                  "runs/tour-docs/final/model.safetensors"):
         assert (work / path).is_file(), path
     assert "dataset': 'docs'" in (work / "runs/tour-docs/final/training_metadata.json").read_text().replace('"', "'")
+    assert "| token ratio |" in out and (work / "runs/compare.png").is_file() and (work / "runs/compare.md").is_file()
 
 
 def _command_lines(block: str) -> list[list[str]]:
