@@ -55,6 +55,7 @@ class ServeOptions:
     cb_block_size: int | None = None
     cb_num_blocks: int | None = None
     cb_max_batch_tokens: int | None = None
+    max_model_len: int | None = None
     log_level: str = "info"
     api_key: str | None = None
     max_concurrent_requests: int = 128
@@ -205,6 +206,10 @@ def check_checkpoint_servable(options: ServeOptions) -> bool:
     from .paged_angpt import check_paged_support
 
     config, _ = check_checkpoint(options.checkpoint)
+    context = config.max_position_embeddings
+    if options.max_model_len is not None and options.max_model_len > context:
+        raise ServeError(f"--max-model-len {options.max_model_len}: longer than the model's context ({context} "
+                         "tokens), past which its answers are wrong")
     if options.continuous_batching:
         try:
             check_paged_support(config)
@@ -231,11 +236,13 @@ def runs_on_cpu(device: str) -> bool:
 
 
 def with_cpu_cache_sizes(options: ServeOptions, max_position_embeddings: int) -> ServeOptions:
-    """`options` with the CPU's cache sizes filled in (above), unless a --cb-* flag was given or a GPU serves."""
+    """`options` with the CPU's cache sizes filled in (above), unless a --cb-* flag was given or a GPU serves; the
+    full length is --max-model-len when given."""
     flags = (options.cb_block_size, options.cb_num_blocks, options.cb_max_batch_tokens)
     if not options.continuous_batching or any(flag is not None for flag in flags) or not runs_on_cpu(options.device):
         return options
-    blocks = -(-CPU_FULL_LENGTH_REQUESTS * max_position_embeddings // CPU_BLOCK_SIZE)  # ceiling
+    full_length = min(max_position_embeddings, options.max_model_len or max_position_embeddings)
+    blocks = -(-CPU_FULL_LENGTH_REQUESTS * full_length // CPU_BLOCK_SIZE)  # ceiling
     return dataclasses.replace(options, cb_block_size=CPU_BLOCK_SIZE, cb_num_blocks=blocks,
                                cb_max_batch_tokens=CPU_MAX_BATCH_TOKENS)
 
@@ -292,8 +299,8 @@ def serve_checkpoint(options: ServeOptions) -> None:
             Serve(force_model=options.checkpoint, continuous_batching=options.continuous_batching,
                   attn_implementation=options.attn_implementation, device=options.device, dtype=options.dtype,
                   cb_block_size=options.cb_block_size, cb_num_blocks=options.cb_num_blocks,
-                  cb_max_batch_tokens=options.cb_max_batch_tokens, host=options.host, port=options.port,
-                  log_level=options.log_level)
+                  cb_max_batch_tokens=options.cb_max_batch_tokens, max_model_len=options.max_model_len,
+                  host=options.host, port=options.port, log_level=options.log_level)
         except RuntimeError:
             died = model_manager.EngineClient.fatal_error_seen
             if died is None:

@@ -151,7 +151,7 @@ class RequestGuard:
         for engine in self.engines():
             if engine.process_running and not getattr(engine, "restarting", False):
                 try:
-                    values.update(await asyncio.wait_for(engine.submit(batching_state), timeout=10))
+                    values.update(await asyncio.wait_for(engine.submit(batching_state), timeout=2))
                 except (asyncio.TimeoutError, RuntimeError):  # a busy or dying worker: the server's own figures
                     pass
         text = "".join(f"# TYPE {name} gauge\n{name} {value}\n" for name, value in values.items())

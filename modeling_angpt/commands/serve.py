@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cb-max-batch-tokens", type=int_at_least(1), default=None,
                         help="continuous batching: tokens per forward (default: sized from a GPU's free memory; "
                              "256 on a CPU)")
+    parser.add_argument("--max-model-len", type=int_at_least(2), default=None,
+                        help="the longest a request may be, prompt and answer, in tokens (default: the model's "
+                             "context, max_position_embeddings)")
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                         help="the server's log level (default info)")
     parser.add_argument("--api-key", default=os.environ.get(API_KEY_VARIABLE) or None,

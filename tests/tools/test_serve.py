@@ -8,45 +8,21 @@ on a 2-core CPU, so these run in `make test-tools` (marker tools).
 """
 from __future__ import annotations
 
-import contextlib
-import json
-import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 
 import pytest
-import torch
 from openai import OpenAI
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+from transformers import AutoTokenizer
 
 from modeling_angpt.export import export_checkpoint
 
 from checkpoint_fixtures import save_source
-from cli_helpers import ENTRY, REPO, angpt, assert_one_line_error, cli_env
+from cli_helpers import angpt, assert_one_line_error
+from serve_fixtures import CHAT_TEMPLATE, ascii_tokenizer, free_port, greedy_text, running_server
 
 pytestmark = pytest.mark.tools
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 PROMPT, MESSAGES, NEW_TOKENS = "To be, or not", [{"role": "user", "content": "that is the question"}], 12
-
-
-def ascii_tokenizer(path) -> PreTrainedTokenizerFast:
-    """A byte-level BPE learnt without the 256-byte alphabet: every token is whole ASCII text, so a stream's pieces
-    decode to the same text as the whole answer (a lone byte of a multi-byte character is held back by a stream)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=80, special_tokens=["<unk>", "<eos>"])
-    tokenizer.train_from_iterator(["To be, or not to be, that is the question: user assistant\n"] * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<eos>", unk_token="<unk>")
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(path)
-    return fast
 
 
 @pytest.fixture(scope="module")
@@ -63,55 +39,14 @@ def checkpoints(tmp_path_factory):
     return root
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running_server(checkpoint, port: int, timeout: float = 240):
-    """`angpt serve` as a user starts it; yields once /health answers; stops it with Ctrl+C (SIGINT)."""
-    command = [sys.executable, "-c", ENTRY, "serve", str(checkpoint), "--port", str(port), "--log-level", "warning"]
-    server = subprocess.Popen(command, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert server.poll() is None, f"the server stopped: {server.stdout.read()[-3000:]}"
-            assert time.monotonic() < deadline, "the server did not answer /health in time"
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
-                    if json.load(answer).get("status") == "ok":
-                        break
-            time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
-def greedy_text(checkpoint, prompt: str) -> str:
-    """The oracle: generate() on the same tokens, the model's generation config, the new tokens decoded."""
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
-    output = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)
-    return tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)
-
-
 @pytest.mark.parametrize("form", ["training", "folded"])
 def test_openai_client_gets_what_generate_gives(checkpoints, form):
     checkpoint = checkpoints / form
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     assert tokenizer.chat_template == CHAT_TEMPLATE  # the folded one's came through `angpt export`
-    expected = greedy_text(checkpoint, PROMPT)
+    expected = greedy_text(checkpoint, PROMPT, NEW_TOKENS)
     expected_chat = greedy_text(checkpoint, tokenizer.apply_chat_template(MESSAGES, tokenize=False,
-                                                                         add_generation_prompt=True))
+                                                                         add_generation_prompt=True), NEW_TOKENS)
     assert expected and expected_chat
     with running_server(checkpoint, free_port()) as base_url:
         client, model = OpenAI(base_url=base_url, api_key="unused", max_retries=0), str(checkpoint)
