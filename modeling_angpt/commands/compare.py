@@ -1,4 +1,4 @@
-"""`angpt compare RUN_DIR RUN_DIR... [--target-loss X] [--output FILE.png] [--log-tokens]`: parse, call
+"""`angpt compare RUN_DIR [RUN_DIR...] [--target-loss X] [--output FILE.png] [--log-tokens]`: parse, call
 `modeling_angpt.training.compare.compare_runs`, print the table (docs/training.md, "Comparing runs")."""
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ loss, and the norms anGPT's and nGPT's constants assume) and a table, printed an
 figure: each run's final validation loss, the tokens it took to reach the target loss (linear between evaluations)
 and its token ratio to the first run (the first run's tokens / this run's: 1.4 = 1.4x fewer tokens). Runs of
 different tokenizers or validation sets are refused: their losses do not compare. Reads only each run directory's
-recipe.json, model_config.json and metrics.jsonl, so unfinished runs compare too."""
+recipe.json, model_config.json and metrics.jsonl, so unfinished runs compare too; one run alone gets its figure
+and table too (its curves and norms)."""
 
 USES_MODELS = False  # reads JSON files and plots: no model, no torch
 
@@ -30,8 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def validate(args: argparse.Namespace) -> None:
-    if len(args.run_dirs) < 2:
-        raise CommandError("compare needs at least two run directories")
     if args.output.suffix.lower() != ".png":
         raise CommandError(f"--output {args.output}: expected a .png file name")
     for run_dir in args.run_dirs:

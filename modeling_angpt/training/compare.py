@@ -151,7 +151,8 @@ def tokens_to_reach(curve: list, target: float) -> float | None:
 
 
 def norm_summary(run: RunCurves) -> str:
-    """The last evaluation's norms, over all layers (docs/architectures.md, "Watching the norms during training")."""
+    """The last evaluation's norms over all layers: means averaged over the layers, the largest max (docs/architectures.md,
+    "Watching the norms during training")."""
     if not run.norms:
         return "–"
     last = run.norms[-1][1]
@@ -160,9 +161,12 @@ def norm_summary(run: RunCurves) -> str:
         values = [v for k, v in last.items() if k.startswith(f"norm/{quantity}_{stat}/")]
         return reduce(values) if values else None
 
+    def mean(quantity: str) -> float:
+        return over_layers(quantity, "mean", lambda v: sum(v) / len(v))
+
     if over_layers("h", "mean") is not None:
-        mean = over_layers("h", "mean", lambda v: sum(v) / len(v))
-        return f"‖h‖ mean {mean:.3f}, max {over_layers('h', 'max'):.3f}"
+        return (f"‖h‖ mean {mean('h'):.3f}, max {over_layers('h', 'max'):.3f}; branch outputs: ‖x_A‖ mean "
+                f"{mean('attn'):.2f}, ‖x_M‖ mean {mean('mlp'):.2f}")
     return f"max |‖h‖−1| {over_layers('h_dist', 'max'):.2e}"
 
 

@@ -12,7 +12,8 @@ def _layer_values(norms: dict, quantity: str, stat: str) -> list[float]:
 
 def _plot_norms(ax, comparison, colors) -> None:
     """anGPT: ‖h‖ entering the blocks (mean over layers of each layer's mean, solid; largest per-token max, dotted)
-    and the MLP branch output ‖x_M‖ (dash-dot); nGPT: 1 + the largest |‖h‖ − 1|. Healthy: near the line at 1."""
+    and the branch outputs ‖x_A‖ (dashed), ‖x_M‖ (dash-dot); nGPT: 1 + the largest |‖h‖ − 1|. Healthy: ‖h‖ near the
+    line at 1 (the branch outputs grow as the weights align with the data)."""
     for run, color in zip(comparison.runs, colors):
         if not run.norms:
             continue
@@ -22,16 +23,17 @@ def _plot_norms(ax, comparison, colors) -> None:
             ax.plot(tokens, mean, "-", color=color, lw=1.2, label=f"{run.architecture}: ‖h‖ mean")
             ax.plot(tokens, [max(_layer_values(n, "h", "max")) for _, n in run.norms], ":", color=color, lw=1,
                     label=f"{run.architecture}: ‖h‖ max")
-            mlp = [sum(v) / len(v) for v in (_layer_values(n, "mlp", "mean") for _, n in run.norms)]
-            ax.plot(tokens, mlp, "-.", color=color, lw=1, label=f"{run.architecture}: ‖x_M‖ mean")
+            for quantity, style, name in (("attn", "--", "x_A"), ("mlp", "-.", "x_M")):
+                means = [sum(v) / len(v) for v in (_layer_values(n, quantity, "mean") for _, n in run.norms)]
+                ax.plot(tokens, means, style, color=color, lw=1, label=f"{run.architecture}: ‖{name}‖ mean")
         else:
             ax.plot(tokens, [1 + max(_layer_values(n, "h_dist", "max")) for _, n in run.norms], "--", color=color,
                     lw=1, label=f"{run.architecture}: 1 + max |‖h‖−1|")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylabel("norm / derived norm")
-    ax.set_title("normalization at each evaluation (healthy: ≈ 1)", fontsize=9)
+    ax.set_title("norms the ν constants assume, at each evaluation (healthy: ‖h‖ ≈ 1)", fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=2, loc="upper left")
 
 
 def plot_comparison(comparison, output: Path, log_tokens: bool = False) -> Path:
