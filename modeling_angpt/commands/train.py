@@ -84,6 +84,7 @@ def validate(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..training.loop import NonFiniteLossError, train
+    from ..training.rank_watch import LOST_RANK_EXIT_CODE, is_collective_failure, resume_command
     from ..training.recipe import load_recipe
 
     try:
@@ -93,6 +94,13 @@ def run(args: argparse.Namespace) -> int:
         message = str(error).strip().replace("\n", " ") or type(error).__name__
         print(f"angpt train: error: {message}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # a collective failed and no rank was found lost (training/rank_watch.py)
+        if not is_collective_failure(error):
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"angpt train: error: a collective of the run failed ({first}); continue the run with "
+              f"`{resume_command()}` on every machine, launched as before", file=sys.stderr)
+        return LOST_RANK_EXIT_CODE
     if result.accelerator.is_main_process:
         if result.val_losses:
             validation = f"final validation loss {result.val_losses[-1][1]:.4f}"

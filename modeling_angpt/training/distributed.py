@@ -20,6 +20,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from datetime import timedelta
+
+
+# How long a collective may wait for the other ranks before it raises (NCCL on GPUs, gloo on CPUs): the bound on a
+# hang that is not a lost rank (a lost rank is found by training/rank_watch.py within seconds, whatever this is). It
+# must exceed the longest time one rank works while the others wait, i.e. rank 0 writing a checkpoint alone
+# (docs/training.md, "A lost rank").
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
 class LaunchError(ValueError):
@@ -108,7 +116,7 @@ def make_accelerator(recipe):
     """The run's Accelerator: mixed precision as the recipe asks (where it pays off), a process group of every
     launched process (or an error), FSDP2 on CPU processes when the launch asked for it."""
     from accelerate import Accelerator
-    from accelerate.utils import DataLoaderConfiguration
+    from accelerate.utils import DataLoaderConfiguration, InitProcessGroupKwargs
 
     from .trackers import accelerator_kwargs
 
@@ -117,6 +125,7 @@ def make_accelerator(recipe):
     accelerator = Accelerator(mixed_precision="bf16" if recipe.bf16 and bf16_pays_off() else "no",
                               step_scheduler_with_optimizer=False,  # else it steps num_processes times per step
                               dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+                              kwargs_handlers=[InitProcessGroupKwargs(timeout=COLLECTIVE_TIMEOUT)],
                               **accelerator_device_kwargs(),  # CPU-only processes form a gloo group
                               **accelerator_kwargs(recipe))  # the recipe's trackers (trackers.py)
     check_process_group(accelerator)

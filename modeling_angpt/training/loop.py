@@ -32,6 +32,7 @@ from .model_setup import (apply_constraints, architecture_defaults, blow_up_knob
                           compile_blocks)
 from .norm_health import NormProbe
 from .optim import build_optimizer, build_scheduler
+from .rank_watch import watch_ranks
 from .recipe import Recipe
 from .trackers import check_installed, finish_trackers, start_trackers
 
@@ -200,7 +201,12 @@ def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite
     source, config, resume_from = preflight(recipe, resume, overwrite)
     model_config = run_dir.comparable_config(config)
     run = build_run(recipe, source, config)
-    recipe, acc, output_dir = run.recipe, run.accelerator, Path(recipe.output_dir)
+    with watch_ranks(run.accelerator, recipe.output_dir):  # a lost rank stops the run in one line (rank_watch.py)
+        return _train_built(run, model_config, resume_from, stop_after_steps)
+
+
+def _train_built(run: Run, model_config, resume_from, stop_after_steps: int | None) -> TrainResult:
+    recipe, acc, output_dir = run.recipe, run.accelerator, Path(run.recipe.output_dir)
     state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [], "num_processes": acc.num_processes}
     if resume_from is not None:
         state = run_dir.load_checkpoint(acc, resume_from)
