@@ -9,7 +9,8 @@ parallelism"). One launch for every case keeps the suite's time down.
   (modeling_angpt.training.distributed.apply_weight_constraints), and that constraint alone on weights moved off it;
 - vLLM's rule, emulated: every `nn.Linear` the plan names replaced by this file's column- or row-split layer, every
   other parameter whole (vLLM's Transformers backend shards nothing else);
-- pipeline parallelism by transformers: `DistributedConfig(pp_size=2)`, two stages, the last one's logits.
+- pipeline parallelism by transformers: `DistributedConfig(pp_size=2)`, two stages, the last one's logits;
+- Accelerate's `ParallelismConfig(tp_size=2)` on these CPU processes: what it answers.
 """
 from __future__ import annotations
 
@@ -164,6 +165,19 @@ def pipeline_checks(case: Path, rank: int) -> dict:
     return {f"stage{rank}_layers": held}
 
 
+def accelerate_tensor_parallel() -> str:
+    """What Accelerate says to ParallelismConfig(tp_size=2) on CPU processes (the model does not enter into it: the
+    Accelerator refuses before any model is prepared); "ran" if it ever accepts."""
+    from accelerate import Accelerator
+    from accelerate.utils import ParallelismConfig
+
+    try:
+        Accelerator(parallelism_config=ParallelismConfig(tp_size=2), cpu=True)
+    except ValueError as error:
+        return str(error)
+    return "ran"
+
+
 def main() -> None:
     work = Path(sys.argv[1])
     torch.manual_seed(0)
@@ -177,6 +191,7 @@ def main() -> None:
             report.update(vllm_rule_checks(case, rank))
         report.update(pipeline_checks(case, rank))
         reports[name] = report
+    reports["accelerate_tp_size_2"] = accelerate_tensor_parallel()
     all_reports = [None] * dist.get_world_size()
     dist.all_gather_object(all_reports, reports)
     if dist.get_rank() == 0:

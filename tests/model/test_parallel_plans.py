@@ -1,0 +1,58 @@
+"""The tensor- and pipeline-parallel plans each architecture declares (docs/architectures.md, "Tensor and pipeline
+parallelism"), checked on one process against the model they describe; tests/parallel runs them on two."""
+from __future__ import annotations
+
+import pytest
+from torch import nn
+from transformers.distributed.parallel_utils import ALL_PARALLEL_STYLES, replace_layer_number_by_wildcard
+
+from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
+
+SHAPE = dict(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+# the per-feature vectors that multiply a split projection's outputs, by the projection
+SPLIT_WITH = {"self_attn.qk_scale": "self_attn.k_proj", "self_attn.query_gain": "self_attn.q_proj",
+              "mlp.up_scale": "mlp.up_proj", "mlp.gate_scale": "mlp.gate_proj"}
+
+
+def _model(architecture: str, folded: bool) -> AnGPTForCausalLM:
+    model = AnGPTForCausalLM(AnGPTConfig(architecture=architecture, **SHAPE))
+    return model.fold() if folded else model
+
+
+@pytest.mark.parametrize("folded", [False, True], ids=["training", "folded"])
+@pytest.mark.parametrize("architecture", ["gptplus", "ngpt", "angpt"])
+def test_the_plan_splits_every_projection_and_every_scale_with_its_projection(architecture, folded):
+    model = _model(architecture, folded)
+    plan = model.tp_plan
+    names = {replace_layer_number_by_wildcard(n) for n, _ in [*model.named_modules(), *model.named_parameters()]}
+    assert set(plan) <= names and set(plan.values()) <= set(ALL_PARALLEL_STYLES)  # every rule names something
+    layer = "model.layers.*."
+    for name, module in model.model.layers[0].named_modules():
+        if isinstance(module, nn.Linear):
+            assert plan[layer + name] == ("rowwise" if getattr(module, "residual_output", False) else "colwise")
+    assert plan["lm_head"] == "colwise_gather_output"
+    block = model.model.layers[0]
+    scales = {name for name in SPLIT_WITH if getattr(block.get_submodule(name.split(".")[0]), name.split(".")[1])
+              is not None}
+    for name in scales:  # the vector split like its projection's outputs, its module run on this rank's part
+        assert plan[layer + name + ".weight"] == plan[layer + SPLIT_WITH[name]] == "colwise"
+        assert plan[layer + name] == "local_params"
+    expected = {"gptplus": set(), "ngpt": {"self_attn.qk_scale", "mlp.up_scale", "mlp.gate_scale"}}
+    expected["angpt"] = expected["ngpt"]
+    assert scales == ({"self_attn.query_gain"} if folded and architecture != "gptplus" else expected[architecture])
+    # whatever else is a vector stays whole: it multiplies the whole (replicated) stream or the gathered logits
+    whole = [n for n, p in model.named_parameters() if p.ndim == 1 and replace_layer_number_by_wildcard(n) not in plan
+             and replace_layer_number_by_wildcard(n).rpartition(".")[0] not in plan]
+    assert all(any(part in n for part in ("alpha", "layernorm", "model.norm", "logit_scale")) for n in whole), whole
+
+
+@pytest.mark.parametrize("architecture", ["gptplus", "ngpt", "angpt"])
+def test_the_pipeline_plan_names_each_stage_module_and_what_it_hands_on(architecture):
+    """The stages transformers cuts (tests/parallel runs two of them): embeddings, the layers, the final norm (an
+    identity for nGPT/anGPT), the head; each module named exists."""
+    model = _model(architecture, False)
+    plan = model.pp_plan
+    assert plan == {"model.embed_tokens": (["input_ids"], ["inputs_embeds"]),
+                    "model.layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+                    "model.norm": (["hidden_states"], ["hidden_states"]), "lm_head": (["hidden_states"], ["logits"])}
+    assert all(model.get_submodule(name) is not None for name in plan)
