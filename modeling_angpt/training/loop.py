@@ -215,10 +215,10 @@ def _train_built(run: Run, model_config, resume_from, stop_after_steps: int | No
             run.train_dl.load_state_dict(data_state)
         acc.print(f"resumed from {resume_from} at step {state['step']}")
     start_step = state["step"]
+    resume_step = start_step if resume_from is not None else None
+    start_trackers(acc, recipe, output_dir, resume_step)  # first: a tracker that cannot start leaves no run behind
     if acc.is_main_process:
         run_dir.record_run(output_dir, recipe, model_config)
-    resume_step = start_step if resume_from is not None else None
-    start_trackers(acc, recipe, output_dir, resume_step)
     logger = MetricsLogger(output_dir, recipe.report_to, acc.is_main_process, resume_step=resume_step, log=acc.log)
     try:
         _loop(run, state, logger, fresh=resume_from is None, stop_after_steps=stop_after_steps)

@@ -129,7 +129,12 @@ def start_trackers(accelerator, recipe, output_dir: Path, resume_step: int | Non
     if "mlflow" in names:
         _mlflow_store(output_dir, saved)
     name = run_name(output_dir)
-    accelerator.init_trackers(name, init_kwargs=_init_kwargs(name, output_dir, resume_step, saved))
+    try:
+        accelerator.init_trackers(name, init_kwargs=_init_kwargs(name, output_dir, resume_step, saved))
+    except Exception as error:  # a tracker's own set-up error (no wandb login, an unreachable server, ...): one line
+        message = " ".join(str(error).split())
+        raise ValueError(f"recipe key report_to: the trackers {sorted(names)} could not start "
+                         f"({type(error).__name__}: {message})") from error
     config = flat_config(recipe.to_dict())
     for tracker in accelerator.trackers:
         if tracker.name == "mlflow" and resume_step is not None:

@@ -34,3 +34,16 @@ def test_the_recipe_becomes_flat_hyperparameters():
                         "model_kwargs": {"hidden_size": 64, "rope": {"theta": 1e4}}})
     assert flat == {"learning_rate": 0.004, "report_to": "jsonl,wandb", "warmup_ratio": None,
                     "model_kwargs.hidden_size": 64, "model_kwargs.rope.theta": 1e4}
+
+
+def test_a_tracker_that_cannot_start_is_one_line_and_leaves_no_run(write_recipe, tmp_path):
+    pytest.importorskip("wandb")
+    env = {"WANDB_MODE": "online", "WANDB_API_KEY": "", "WANDB_CONFIG_DIR": str(tmp_path / "wandb-config"),
+           "NETRC": str(tmp_path / "no-netrc")}  # no login anywhere wandb looks
+    proc = angpt("train", write_recipe(max_steps=2, eval_steps=0), "--override", "report_to=[jsonl,wandb]", **env)
+    # The trackers start after the data is built, whose progress bars may come first on stderr.
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("angpt train: error: recipe key report_to: the trackers ['wandb'] could not start ("), last
+    assert "wandb login" in last
+    assert not (tmp_path / "run").exists()  # no recipe.json left behind: the same command may simply run again
