@@ -156,7 +156,8 @@ def median_of(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=help_description(__doc__))
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--requests", type=int, default=4, help="requests per client in a run (a run: at least 16 requests)")
+    parser.add_argument("--requests", type=int, default=4,
+                        help="requests per client in a run (a run: at least 16 requests)")
     parser.add_argument("--prompt", type=int, default=32, help="prompt tokens, about (corpus lines)")
     parser.add_argument("--new", type=int, default=32, help="new tokens per request")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each concurrency on each server")

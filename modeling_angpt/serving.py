@@ -8,12 +8,12 @@ Why not `transformers serve CHECKPOINT` itself: in transformers 5.25 its loader 
 below is its loader with that one step replaced; everything else (the API, the tokenizer, chat templates, the
 batching manager) is transformers'.
 
-What a server facing clients needs on top (docs/tools.md, "transformers serve"): a guard in front of transformers'
-FastAPI app (modeling_angpt/serving_guard.py: API key, body size, a bound on requests held, each request's fields,
-a time limit), the prompt fitted to the model's context before it reaches the worker (`SupervisedEngineClient`), and
-a model worker that dies restarted (`SupervisedEngineClient`), or the process exiting non-zero once its restarts
-are spent. They go in where transformers' `Serve.run` looks its parts up, its modules' `ModelLoader`,
-`EngineClient` and `build_server` (`serving_parts`), so its server runs otherwise unchanged.
+What a server facing clients needs on top (docs/tools.md, "angpt serve facing clients"): a guard in front of
+transformers' FastAPI app (modeling_angpt/serving_guard.py: API key, body size, a bound on requests held, each request's
+fields, a time limit), the prompt fitted to the model's context before it reaches the worker (`SupervisedEngineClient`),
+and a model worker that dies restarted (`SupervisedEngineClient`), or the process exiting non-zero once its restarts are
+spent. They go in where transformers' `Serve.run` looks its parts up, its modules' `ModelLoader`, `EngineClient` and
+`build_server` (`serving_parts`), so its server runs otherwise unchanged.
 """
 from __future__ import annotations
 

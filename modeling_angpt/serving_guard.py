@@ -1,9 +1,9 @@
 """The guard `angpt serve` puts in front of transformers' server (an ASGI middleware on its FastAPI app, outermost;
-docs/tools.md, "transformers serve"): who may call (`--api-key`, OpenAI's `Authorization: Bearer`), the body's size,
-a bound on the requests held at once (429 past it), the body's fields (modeling_angpt/serving_requests.py), a time
-limit per request, a truthful /health while the model's worker restarts, and /metrics (Prometheus' text format) with
-the paged KV cache's free blocks. transformers' own middleware (request ids, cancelling a request whose client left)
-and routes run inside it unchanged.
+docs/tools.md, "angpt serve facing clients"): who may call (`--api-key`, OpenAI's `Authorization: Bearer`), the body's
+size, a bound on the requests held at once (429 past it), the body's fields (modeling_angpt/serving_requests.py), a time
+limit per request, a truthful /health while the model's worker restarts, and /metrics (Prometheus' text format) with the
+paged KV cache's free blocks. transformers' own middleware (request ids, cancelling a request whose client left) and
+routes run inside it unchanged.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What `angpt serve` checks in a request before transformers' server hands it to the model's worker
-(docs/tools.md, "transformers serve", bad requests): each bad request is one 4xx answer with one line, in the
+(docs/tools.md, "angpt serve facing clients"): each bad request is one 4xx answer with one line, in the
 status and error body OpenAI's API and vLLM give, and never reaches the continuous-batching worker (an empty prompt,
 or a prompt and `max_tokens` longer than the context, kill transformers' worker in transformers 5.25).
 
@@ -128,7 +128,7 @@ def fit_to_context(prompt_tokens: int, max_new_tokens: int, context: int | None,
                    requested: tuple[str, int] | None) -> int:
     """The new tokens to generate. A prompt whose length plus the requested limit exceeds the context is a 400
     naming both numbers (vLLM's answer); without a requested limit, the server's default is cut to what fits, and
-    the answer ends with finish_reason "length" there (docs/tools.md, "transformers serve")."""
+    the answer ends with finish_reason "length" there (docs/tools.md, "angpt serve facing clients")."""
     if prompt_tokens == 0:
         raise RequestError(400, "the prompt is empty once tokenized: nothing to continue", "prompt")
     if context is None:

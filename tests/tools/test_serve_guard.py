@@ -1,9 +1,9 @@
-"""`angpt serve` facing clients (docs/tools.md, "transformers serve"): every bad request of the kinds that reach a
-public endpoint is answered 4xx with one line before it reaches the model's worker, and a valid request right after
-it is answered as greedy `generate` answers it; only callers with the API key get in; the server holds a bounded
-number of requests (429 past it), stops a request past its time limit (504), frees a stream's slot and KV-cache
-blocks when its client leaves (the free-block count of /metrics back to its idle value); a model worker killed on
-purpose is restarted, and killed once more than --max-worker-restarts allows, the server exits with status 1.
+"""`angpt serve` facing clients (docs/tools.md, "angpt serve facing clients"): every bad request of the kinds that reach
+a public endpoint is answered 4xx with one line before it reaches the model's worker, and a valid request right after it
+is answered as greedy `generate` answers it; only callers with the API key get in; the server holds a bounded number of
+requests (429 past it), stops a request past its time limit (504), frees a stream's slot and KV-cache blocks when its
+client leaves (the free-block count of /metrics back to its idle value); a model worker killed on purpose is restarted,
+and killed once more than --max-worker-restarts allows, the server exits with status 1.
 
 Before these checks, an empty prompt or a `max_tokens` past the context killed transformers' continuous-batching
 worker (a tiny transformers Qwen3 under `transformers serve --continuous-batching` dies the same way).
