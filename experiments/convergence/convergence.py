@@ -45,6 +45,9 @@ from convergence_plot import plot  # noqa: E402
 from convergence_runs import ABLATIONS, SETTINGS, load_results, prepare_data, run_name, run_one  # noqa: E402
 from worker_pool import worker_pool  # noqa: E402
 
+# the first token count at which the validation loss reaches a target, linear between evaluations (angpt compare's)
+from modeling_angpt.training.compare import tokens_to_reach  # noqa: E402
+
 ARCHS = ("gptplus", "ngpt", "angpt")
 # Per size: model shape, run length, and the centre of each architecture's initial learning-rate grid.
 SIZES = {
@@ -124,14 +127,6 @@ def execute(cfg: dict, report, plan=needed_runs) -> list[dict]:
 
 
 # --- report ---------------------------------------------------------------------------------------------------
-def tokens_to_reach(curve, target: float) -> float | None:
-    """First token count at which the validation loss reaches `target` (linear between evaluations)."""
-    for (t0, l0), (t1, l1) in zip(curve, curve[1:]):
-        if l1 <= target:
-            return t1 if l0 == l1 else t0 + (t1 - t0) * (l0 - target) / (l0 - l1)
-    return None
-
-
 def spread(values: list[float], fmt: str, unit: str = "", *, mark_one: bool = True) -> str:
     """Median (min–max) over seeds; a single value is marked "(1 seed)" unless `mark_one` is false."""
     if not values:
