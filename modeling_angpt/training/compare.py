@@ -65,6 +65,20 @@ def _read_json(path: Path) -> dict:
         raise CompareError(f"{path} is not valid JSON ({error})") from None
 
 
+def _read_rows(metrics: Path) -> list[dict]:
+    """metrics.jsonl's lines (read here, not with metrics.py, which imports torch); a last line cut short (a run
+    killed while writing it) is left out."""
+    lines = [line for line in metrics.read_text().splitlines() if line]
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            if number < len(lines):
+                raise CompareError(f"{metrics}: line {number} is not valid JSON") from None
+    return rows
+
+
 def load_run(path: Path) -> RunCurves:
     """A run's curves against tokens seen. Evaluations log their token count (older runs: step × the tokens per step
     of their training lines)."""
@@ -74,7 +88,7 @@ def load_run(path: Path) -> RunCurves:
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise CompareError(f"{path} has no metrics.jsonl (report_to must include jsonl to compare a run)")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line]  # without metrics.py's torch
+    rows = _read_rows(metrics)
     per_step = next((r["tokens"] / r["step"] for r in rows if "loss" in r and r.get("step")), None)
     run = RunCurves(path, config.get("architecture") or recipe.get("architecture") or "?", recipe)
     for row in rows:
@@ -151,8 +165,8 @@ def tokens_to_reach(curve: list, target: float) -> float | None:
 
 
 def norm_summary(run: RunCurves) -> str:
-    """The last evaluation's norms over all layers: means averaged over the layers, the largest max (docs/architectures.md,
-    "Watching the norms during training")."""
+    """The last evaluation's norms over all layers: means averaged over the layers, the largest max
+    (docs/architectures.md, "Watching the norms during training")."""
     if not run.norms:
         return "–"
     last = run.norms[-1][1]

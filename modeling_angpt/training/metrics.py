@@ -122,6 +122,15 @@ def device_peak_flops(device: torch.device, override: float | None = None,
     return float(cache[key])
 
 
+def _complete(line: str) -> bool:
+    """A whole JSON line (not the last one of a run killed while writing it)."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
 class MetricsLogger:
     """Appends one JSON object per event to metrics.jsonl (the run's own record) and hands the same values to the
     experiment trackers: training's log, and the semantic-focus protocol's (one line per epoch). Only an `enabled`
@@ -155,7 +164,7 @@ class MetricsLogger:
 
     def _truncate_after(self, step: int | None) -> None:
         keep = [] if step is None else [line for line in self.path.read_text().splitlines()
-                                        if line and json.loads(line)[self.step_key] <= step]
+                                        if _complete(line) and json.loads(line)[self.step_key] <= step]
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, step: int, **values) -> None:

@@ -47,3 +47,15 @@ def test_a_tracker_that_cannot_start_is_one_line_and_leaves_no_run(write_recipe,
     assert last.startswith("angpt train: error: recipe key report_to: the trackers ['wandb'] could not start ("), last
     assert "wandb login" in last
     assert not (tmp_path / "run").exists()  # no recipe.json left behind: the same command may simply run again
+
+
+def test_a_resumed_log_keeps_the_lines_up_to_its_step_and_drops_a_line_cut_by_a_kill(tmp_path):
+    from modeling_angpt.training.metrics import MetricsLogger
+
+    lines = ['{"step": 10, "loss": 2.0}', '{"step": 20, "loss": 1.5}', '{"step": 30, "loss": 1.2}', '{"step": 40, "lo']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines))
+    logged = []
+    logger = MetricsLogger(tmp_path, ["jsonl"], enabled=True, resume_step=20, log=lambda v, step: logged.append(step))
+    logger.log(30, loss=1.25)
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == [*lines[:2], '{"step": 30, "loss": 1.25}']
+    assert logged == [30]
