@@ -3,7 +3,8 @@
 `report_to` names any tracker Accelerate supports (`ACCELERATE_TRACKERS`, or `all` for every installed one) besides
 the run's own `jsonl` record. The run's Accelerator is built with `log_with=` those names and `project_config`
 pointing its logging directory at OUTPUT_DIR/logs; `start_trackers` calls `init_trackers` with the run directory's
-name as project and run name and the recipe as hyperparameters; the training loop logs with `accelerator.log`.
+name as project and run name, then stores the recipe as hyperparameters (each tracker's `store_init_configuration`,
+what `init_trackers(config=...)` calls; skipped for mlflow on resume); the training loop logs with `accelerator.log`.
 
 What is ours (Accelerate leaves it to the caller): continuing a tracker's run when the training run resumes.
 - tensorboard: the writer's `purge_step` drops the events the interrupted run logged after the resumed checkpoint;
