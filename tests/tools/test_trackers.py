@@ -13,13 +13,15 @@ import pytest
 import tracker_readers as readers
 from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
+from modeling_angpt.training.run_dir import list_checkpoints
+
 pytestmark = pytest.mark.tools  # make test-tools
 
 KEYS = ("loss", "val_loss")
-# One checkpoint mid-run, with enough steps after it for the kill to land before the next one. wandb and trackio write
-# from a background process or thread: a SIGKILL loses what they had not yet written (docs/training.md), so the
-# kill waits until every tracker holds the checkpoint's step.
-STEPS, CHECKPOINT, EVAL = 200, 100, 25
+# Checkpoints every SAVE steps. wandb and trackio write from a background process or thread: a SIGKILL loses what they
+# had not yet written (docs/training.md), so the run is killed once every tracker holds the step of its newest
+# checkpoint, the one --resume continues.
+STEPS, SAVE, EVAL = 400, 100, 50
 
 
 @pytest.fixture
@@ -53,32 +55,47 @@ def _stored_up_to(run, name, step: int) -> bool:
         return False
 
 
+def _newest_checkpoint(run) -> int:
+    found = list_checkpoints(run)
+    return int(found[-1].name.split("_")[1]) if found else 0
+
+
+def _kill_after_a_checkpoint(process, run, name) -> int:
+    """SIGKILL once every tracker holds the newest checkpoint's step; that step."""
+    deadline = time.time() + 300
+    while True:
+        assert process.poll() is None, "the run ended before it was killed"
+        assert time.time() < deadline, "no checkpoint reached every tracker within 300 s"
+        step = _newest_checkpoint(run)
+        if step and _stored_up_to(run, name, step) and _newest_checkpoint(run) == step:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return step
+        time.sleep(0.2)
+
+
 def test_each_tracker_reads_back_the_jsonl_losses_after_a_kill_and_resume(write_recipe, tracker_env, tmp_path):
-    recipe = write_recipe(max_steps=STEPS, logging_steps=1, eval_steps=EVAL, save_steps=CHECKPOINT,
+    recipe = write_recipe(max_steps=STEPS, logging_steps=1, eval_steps=EVAL, save_steps=SAVE, save_total_limit=None,
                           eval_max_batches=1, max_corpus_chars=50_000,
                           report_to=["jsonl", "tensorboard", "mlflow", "wandb", "trackio"])
     run, name = tmp_path / "run", "run"
     _all_trackers  # the readers' imports before the run starts, so that polling keeps up with it
     import mlflow.tracking, tensorboard.backend.event_processing.event_accumulator, wandb.proto  # noqa: F401
     command = [sys.executable, "-m", "modeling_angpt.cli", "train", str(recipe)]
-    first = subprocess.Popen(command, env=tracker_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
-    try:
-        deadline = time.time() + 300
-        while not ((run / "checkpoints" / f"step_{CHECKPOINT:07d}").is_dir() and _stored_up_to(run, name, CHECKPOINT)):
-            assert first.poll() is None, f"the run ended before it was killed: {first.stderr.read().decode()[-2000:]}"
-            assert time.time() < deadline, "the first checkpoint did not reach every tracker within 300 s"
-            time.sleep(0.2)
-        first.send_signal(signal.SIGKILL)
-    finally:
-        first.kill()
-        first.wait()
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(command, env=tracker_env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            killed_after = _kill_after_a_checkpoint(first, run, name)
+        finally:
+            first.kill()
+            first.wait()
     logged = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert CHECKPOINT < max(logged) < STEPS  # killed mid-run, after logging steps the resumed run recomputes
+    assert killed_after < max(logged) < STEPS  # killed mid-run, after logging steps the resumed run recomputes
 
     resumed = subprocess.run(command + ["--resume"], env=tracker_env, cwd=tmp_path, capture_output=True, text=True,
                              timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"at step {killed_after}\n" in resumed.stdout  # from the checkpoint every tracker held
     expected = readers.jsonl_series(run / "metrics.jsonl", KEYS)
     assert sorted(expected["loss"]) == list(range(1, STEPS + 1))
     assert sorted(expected["val_loss"]) == list(range(0, STEPS + 1, EVAL))
