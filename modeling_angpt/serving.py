@@ -17,6 +17,7 @@ spent. They go in where transformers' `Serve.run` looks its parts up, its module
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -119,6 +120,11 @@ class SupervisedEngineClient(model_manager.EngineClient):
     def generate_streaming(self, inputs: dict, generation_kwargs: dict, *args, **kwargs):
         self.fit_to_context(inputs, generation_kwargs)
         return super().generate_streaming(inputs, generation_kwargs, *args, **kwargs)
+
+    async def _send_request(self, *args, **kwargs):
+        while self.restarting:  # the old process is going: wait for the new one rather than write to its queue
+            await asyncio.sleep(0.1)
+        return await super()._send_request(*args, **kwargs)
 
     def fit_to_context(self, inputs: dict, generation_kwargs: dict) -> None:
         context = self.generation_state.context_length(self.model_config)
