@@ -116,7 +116,8 @@ class Architecture:
         """The base model's tensor-parallel plan in transformers' styles: q/k/v, gate and up split by output
         features (whole heads), o_proj and down_proj by input features; each per-feature vector that multiplies a
         split output is split the same way (its parameter `colwise`, its module run on this rank's part with
-        `local_params`). Vectors on the whole stream (α, norm gains, s_z after the gathered head) stay whole."""
+        `local_params`; the folded c_q is itself a linear layer, split `colwise`). Vectors on the whole stream (α,
+        norm gains, s_z after the gathered head) stay whole."""
         attention, mlp = "layers.*.self_attn.", "layers.*.mlp."
         plan = {attention + "q_proj": "colwise", attention + "k_proj": "colwise", attention + "v_proj": "colwise",
                 attention + "o_proj": "rowwise", mlp + "gate_proj": "colwise", mlp + "up_proj": "colwise",
@@ -126,10 +127,11 @@ class Architecture:
                          attention + "k_norm": "replicated_with_grad_allreduce"})
         split = []  # the vectors on split outputs: s_qk (k's channels, and q's through its groups), c_q, s_u, s_v
         split += [attention + "qk_scale"] if self.qk_scale(config) is not None else []
-        split += [attention + "query_gain"] if self.query_gain(config) is not None else []
         split += [mlp + "up_scale", mlp + "gate_scale"] if self.mlp_scales(config)[0] is not None else []
         for name in split:
             plan.update({name + ".weight": "colwise", name: "local_params"})
+        if self.query_gain(config) is not None:  # c_q is a linear layer (layers_angpt.Gain): vLLM splits it too
+            plan[attention + "query_gain"] = "colwise"
         return plan
 
     # --- constants -------------------------------------------------------------------------------

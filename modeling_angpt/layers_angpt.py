@@ -113,20 +113,26 @@ class Scale(nn.Module):
         return (self.weight.detach().to(torch.float64) * (self.init_value / self.scale))
 
 
-class Gain(nn.Module):
-    """A plain per-channel gain (no reparameterisation): the folded form's c_q. Called, as `Scale` is, so that a
-    tensor-parallel plan that splits it with its projection hands the forward this rank's part
-    (docs/architectures.md, "Tensor and pipeline parallelism")."""
+class Gain(nn.Linear):
+    """A plain per-channel gain c of `size` channels (the folded form's c_q), held as the weight [size, 1] of a linear
+    map from the constant 1: called on a one, it returns c. Being a linear layer, it is split with its projection by
+    every runtime that splits linear layers (transformers' `colwise`, vLLM's ColumnParallelLinear, which leaves any
+    other vector whole; docs/architectures.md, "Tensor and pipeline parallelism"), and it is kept in float32 and out
+    of quantization (AnGPTPreTrainedModel._keep_in_fp32_modules). Checkpoints saved when c was a vector [size] load
+    unchanged (pretrained_angpt.py, LEGACY_SHAPES)."""
+
+    not_a_matrix = True  # no weight constraint, no matrix init
 
     def __init__(self, size: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
+        super().__init__(1, size, bias=False)
+        nn.init.ones_(self.weight)
 
-    def forward(self) -> torch.Tensor:
-        return self.weight
 
-    def extra_repr(self) -> str:
-        return f"size={self.weight.shape[0]}"
+
+def gain_of(module: nn.Module, like: torch.Tensor) -> torch.Tensor:
+    """The gain a `Gain` holds (this rank's part when split), in the dtype of `like`: the module is called, as
+    whatever replaced it (vLLM's ColumnParallelLinear) must be; only the dtype of the one it is called on is read."""
+    return module(like.new_ones(1, dtype=getattr(module, "weight", like).dtype)).to(like.dtype)
 
 
 # --- the residual updates (docs/architectures.md, "The residual update") ------------------------------------------

@@ -27,7 +27,7 @@ from .architectures_angpt import get_architecture
 from .attention_angpt import eager_attention_forward, get_attention_function, uses_layout
 from .attention_layout_angpt import AttentionLayout, positions_from_padding
 from .configuration_angpt import AnGPTConfig
-from .layers_angpt import project
+from .layers_angpt import gain_of, project
 from .logit_transforms_angpt import LOGIT_TRANSFORMS
 from .pretrained_angpt import (AnGPTPreTrainedModel, CheckpointMismatchError,  # noqa: F401 (public names)
                                check_logits_need_no_head)
@@ -173,11 +173,11 @@ class AnGPTAttention(nn.Module):
             s_qk = self.qk_scale().view(-1, 1, self.head_dim).to(query.dtype)
             query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
         if self.query_gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
-            gain = self.query_gain()
+            gain = gain_of(self.query_gain, query)
             if gain.numel() != query.shape[1] * self.head_dim:  # a runtime split q_proj but not c_q
                 raise ValueError(f"{QUERY_GAIN_UNSPLIT}: this rank's q has {query.shape[1]} heads, the gain "
                                  f"{gain.numel() // self.head_dim}")
-            query = query * gain.view(-1, 1, self.head_dim).to(query.dtype)
+            query = query * gain.view(-1, 1, self.head_dim)
         paged = is_paged(past_key_values)  # continuous batching (paged_angpt.py)
         if paged:
             key, value = update_paged_cache(past_key_values, key, value, self.layer_idx, kwargs)

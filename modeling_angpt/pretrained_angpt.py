@@ -12,6 +12,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import ConversionOps, WeightConverter, _IdentityOp
 
 from .architectures_angpt import FOLDED_TRAINING_ERROR, get_architecture
 from .attention_angpt import check_attention_backend
@@ -47,12 +49,60 @@ def check_logits_need_no_head(config) -> None:
 RENAMED_PARAMETERS = {"self_attn.logn_scale": "self_attn.query_head_scale"}
 
 
+# Parameters whose shape changed since checkpoints were first saved: the name -> the old tensor in today's shape. The
+# folded c_q was a vector [H·d_h]; it is now the weight [H·d_h, 1] of a linear layer, so that runtimes that split
+# only linear layers split it with q_proj (layers_angpt.Gain). from_pretrained reshapes it with a weight conversion
+# registered with transformers (`LegacyShape`, also in a remote-code checkpoint's copy of this file), torch's
+# load_state_dict (training's resume) in `rename_old_parameters`.
+LEGACY_SHAPES = {"self_attn.query_gain.weight": lambda old: old.unsqueeze(-1) if old.ndim == 1 else old}
+
+
+def _legacy_rule(key: str):
+    return next((rule for name, rule in LEGACY_SHAPES.items() if key.endswith("." + name)), None)
+
+
 def rename_old_parameters(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
-    """A load_state_dict pre-hook: the keys of `state_dict` under `prefix` that carry an old name get the new one."""
+    """A load_state_dict pre-hook: the keys of `state_dict` under `prefix` that carry an old name get the new one, and
+    tensors saved in an old shape get today's."""
     for key in [key for key in state_dict if key.startswith(prefix)]:
         for old, new in RENAMED_PARAMETERS.items():
             if key.endswith("." + old):
                 state_dict[key[:-len(old)] + new] = state_dict.pop(key)
+    for key in [key for key in state_dict if key.startswith(prefix) and _legacy_rule(key)]:
+        state_dict[key] = _legacy_rule(key)(state_dict[key])
+
+
+LEGACY_SPLIT_ERROR = ("this folded checkpoint stores c_q (self_attn.query_gain) as a vector, as checkpoints saved "
+                      "before it became a linear layer do; it loads in one process, but cannot be split across ranks: "
+                      "load it in one process and save_pretrained it once again, then split that checkpoint")
+
+
+class LegacyShape(ConversionOps):
+    """transformers' weight conversion for one entry of LEGACY_SHAPES: a tensor saved in an old shape gets today's on
+    loading; saving writes today's shape as it is."""
+
+    refused = False
+
+    def __init__(self, rule) -> None:
+        self.rule = rule
+
+    def convert(self, input_dict, source_patterns, target_patterns, model=None, full_layer_name=None, **kwargs):
+        tensors = next(iter(input_dict.values()))
+        tensors = tensors if isinstance(tensors, list) else [tensors]
+        parameter = model.get_parameter(full_layer_name) if model is not None and full_layer_name else None
+        if type(parameter).__name__ == "DTensor" and (not tensors or tensors[0].ndim != parameter.ndim):
+            # transformers splits a tensor on reading it, by today's shape: an old one cannot be split (every rank)
+            LegacyShape.refused = True  # transformers reraises a conversion's error as its own, in a table
+            raise ValueError(LEGACY_SPLIT_ERROR)
+        return {target_patterns[0]: self.rule(tensors[0])}
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        return _IdentityOp()
+
+
+register_checkpoint_conversion_mapping(AnGPTConfig.model_type, [
+    WeightConverter(name, name, [LegacyShape(rule)]) for name, rule in LEGACY_SHAPES.items()], overwrite=True)
 
 
 class CheckpointMismatchError(RuntimeError, ValueError):
@@ -123,6 +173,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _keep_in_fp32_modules = ["query_gain"]  # a gain (layers_angpt.Gain): never quantized, applied in the input's dtype
     # by class name: the classes live in modeling_angpt.py, which builds on this one
     _can_record_outputs = {"hidden_states": "AnGPTDecoderLayer", "attentions": "AnGPTAttention"}
 
@@ -143,6 +194,9 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             model, info = super().from_pretrained(*args, output_loading_info=True, ignore_mismatched_sizes=True,
                                                   **kwargs)
         except Exception as error:  # safetensors' own error names neither the checkpoint nor the problem kind
+            if LegacyShape.refused:
+                LegacyShape.refused = False
+                raise ValueError(f"checkpoint {source}: {LEGACY_SPLIT_ERROR}") from None
             if type(error).__name__ != "SafetensorError":
                 raise
             raise OSError(f"checkpoint {source}: a safetensors file is corrupted or truncated ({error})") from error
@@ -211,7 +265,9 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         arch = self.architecture_strategy
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, Gain):  # a linear layer holding a gain, not a matrix
+            init.ones_(module.weight)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             if getattr(module, "task_head", False):  # classifier heads are ordinary, unconstrained layers
                 init.normal_(module.weight, std=self.config.initializer_range)
             else:
@@ -221,8 +277,6 @@ class AnGPTPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
         elif isinstance(module, Scale):
             init.constant_(module.weight, module.scale)
-        elif isinstance(module, Gain):
-            init.ones_(module.weight)
         elif getattr(module, "query_head_scale", None) is not None:  # AnGPTAttention with a query-scaling transform
             init.constant_(module.query_head_scale, module.logit_transform.query_scale_init(self.config))
         elif isinstance(getattr(module, "inv_freq", None), torch.Tensor):  # the rotary embedding
@@ -259,6 +313,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         adapters, seen = set(map(id, _adapter_modules(self))), set()
         for module in self.modules():
             if (not isinstance(module, (nn.Linear, nn.Embedding)) or getattr(module, "task_head", False)
+                    or getattr(module, "not_a_matrix", False)
                     or id(module) in adapters or id(module.weight) in seen):  # a tied head shares the embedding's
                 continue
             seen.add(id(module.weight))

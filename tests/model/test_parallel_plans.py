@@ -34,9 +34,11 @@ def test_the_plan_splits_every_projection_and_every_scale_with_its_projection(ar
     block = model.model.layers[0]
     scales = {name for name in SPLIT_WITH if getattr(block.get_submodule(name.split(".")[0]), name.split(".")[1])
               is not None}
-    for name in scales:  # the vector split like its projection's outputs, its module run on this rank's part
-        assert plan[layer + name + ".weight"] == plan[layer + SPLIT_WITH[name]] == "colwise"
+    for name in scales - {"self_attn.query_gain"}:  # the vector split like its projection's outputs, its module
+        assert plan[layer + name + ".weight"] == plan[layer + SPLIT_WITH[name]] == "colwise"  # run on this rank's part
         assert plan[layer + name] == "local_params"
+    if "self_attn.query_gain" in scales:  # the folded c_q is a linear layer (layers_angpt.Gain): vLLM splits it too
+        assert isinstance(block.self_attn.query_gain, nn.Linear) and plan[layer + "self_attn.query_gain"] == "colwise"
     expected = {"gptplus": set(), "ngpt": {"self_attn.qk_scale", "mlp.up_scale", "mlp.gate_scale"}}
     expected["angpt"] = expected["ngpt"]
     assert scales == ({"self_attn.query_gain"} if folded and architecture != "gptplus" else expected[architecture])
@@ -56,3 +58,18 @@ def test_the_pipeline_plan_names_each_stage_module_and_what_it_hands_on(architec
                     "model.layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
                     "model.norm": (["hidden_states"], ["hidden_states"]), "lm_head": (["hidden_states"], ["logits"])}
     assert all(model.get_submodule(name) is not None for name in plan)
+
+
+def test_a_runtime_that_splits_q_proj_but_not_the_query_gain_is_told_in_one_line():
+    """What a runtime splitting by other rules than the plan's would meet in a folded nGPT/anGPT: this rank's q holds
+    half the heads, c_q all of them."""
+    import torch
+
+    from modeling_angpt.modeling_angpt import QUERY_GAIN_UNSPLIT
+
+    model = _model("angpt", True)
+    attention = model.model.layers[0].self_attn
+    half = nn.Linear(attention.q_proj.in_features, attention.q_proj.out_features // 2, bias=False)
+    attention.q_proj = half
+    with pytest.raises(ValueError, match="^" + QUERY_GAIN_UNSPLIT):
+        model(input_ids=torch.arange(5)[None])
