@@ -91,7 +91,8 @@ class RequestGuard:
 
     async def read_body(self, scope, receive) -> bytes:
         """The whole body, refused (413) past --max-request-bytes: at once when its Content-Length says so, else
-        as soon as the bytes received pass it."""
+        as soon as the bytes received pass it. (FastAPI's own `max_body_size` would answer in its `detail` form, and
+        only once a route reads the body; the guard reads it anyway, to check its fields.)"""
         limit = self.options.max_request_bytes
         length = dict(scope["headers"]).get(b"content-length")
         too_large = RequestError(413, f"the request body is larger than the server's limit of {limit} bytes "
