@@ -114,12 +114,11 @@ class AnGPTRotaryEmbedding(nn.Module):
         return cos.to(x.dtype), sin.to(x.dtype)
 
 
-# What a runtime that splits only nn.Linear modules (vLLM's Transformers backend) meets in a folded nGPT/anGPT: the
-# per-channel query gain c_q is a vector next to the split q_proj (docs/architectures.md, "Tensor and pipeline
-# parallelism").
+# What a runtime that splits q_proj by other rules than the plan's meets in a folded nGPT/anGPT: the per-channel query
+# gain c_q left whole beside it (docs/architectures.md, "Tensor and pipeline parallelism").
 QUERY_GAIN_UNSPLIT = ("the folded query gain c_q (self_attn.query_gain) was left whole while q_proj was split across "
-                      "ranks; split it with q_proj (transformers' tp_plan does), or run this folded nGPT/anGPT "
-                      "checkpoint without tensor parallelism")
+                      "ranks; split it with q_proj (as transformers' tp_plan and vLLM do: it is a linear layer), or "
+                      "run this folded nGPT/anGPT checkpoint without tensor parallelism")
 
 
 # --- the one decoder block ------------------------------------------------------------------------------------------
