@@ -77,6 +77,14 @@ def test_a_port_in_use_is_one_line(checkpoints, capsys):
     assert error == f"angpt serve: error: --port {port}: 127.0.0.1:{port} is already in use; pick another port"
 
 
+def test_a_max_model_len_past_the_context_is_one_line(checkpoints, capsys):
+    from modeling_angpt.cli import main
+
+    assert main(["serve", str(checkpoints / "folded"), "--max-model-len", "65", "--port", str(free_port())]) == 1
+    assert capsys.readouterr().err.strip() == ("angpt serve: error: --max-model-len 65: longer than the model's "
+                                               "context (64 tokens), past which its answers are wrong")
+
+
 def test_a_cpu_server_sizes_its_cache_for_the_model_not_for_ram():
     from modeling_angpt.serving import ServeOptions, with_cpu_cache_sizes
 
@@ -85,3 +93,4 @@ def test_a_cpu_server_sizes_its_cache_for_the_model_not_for_ram():
     chosen = ServeOptions("ckpt", device="cpu", cb_num_blocks=4)
     assert with_cpu_cache_sizes(chosen, 1000) == chosen  # a --cb-* flag: the user's sizes, transformers' for the rest
     assert with_cpu_cache_sizes(ServeOptions("ckpt", device="cuda"), 1000).cb_num_blocks is None
+    assert with_cpu_cache_sizes(ServeOptions("ckpt", device="cpu", max_model_len=200), 1000).cb_num_blocks == 50
