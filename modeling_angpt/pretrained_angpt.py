@@ -173,7 +173,9 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _keep_in_fp32_modules = ["query_gain"]  # a gain (layers_angpt.Gain): never quantized, applied in the input's dtype
+    # c_q (layers_angpt.Gain) is a gain held by a linear layer: never quantized (quantizers match these patterns from
+    # the start of a module or parameter name), and kept in float32 where transformers keeps modules so
+    _keep_in_fp32_modules = [".*self_attn.query_gain"]
     # by class name: the classes live in modeling_angpt.py, which builds on this one
     _can_record_outputs = {"hidden_states": "AnGPTDecoderLayer", "attentions": "AnGPTAttention"}
 
