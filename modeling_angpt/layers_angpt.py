@@ -128,7 +128,6 @@ class Gain(nn.Linear):
         nn.init.ones_(self.weight)
 
 
-
 def gain_of(module: nn.Module, like: torch.Tensor) -> torch.Tensor:
     """The gain a `Gain` holds (this rank's part when split), in the dtype of `like`: the module is called, as
     whatever replaced it (vLLM's ColumnParallelLinear) must be; only the dtype of the one it is called on is read."""
