@@ -145,7 +145,12 @@ class AnGPTConfig(PreTrainedConfig):
         """The tensor-parallel plan of this architecture and form (architectures_angpt.Architecture.tp_plan): which
         scale splits with which projection differs between them (docs/architectures.md, "Tensor and pipeline
         parallelism")."""
-        return get_architecture(self).tp_plan(self)
+        plan = get_architecture(self).tp_plan(self)
+        if LOGIT_TRANSFORMS[self.attention_logit_transform].query_scale is not None:
+            # a query-scaling transform's per-head s_h (LogN) multiplies q's heads: split with q_proj, the attention
+            # module run on this rank's part of its own parameters
+            plan.update({"layers.*.self_attn.query_head_scale": "colwise", "layers.*.self_attn": "local_params"})
+        return plan
 
     def __post_init__(self, **kwargs):
         _check_choice("architecture", self.architecture, ARCHITECTURES)

@@ -121,6 +121,11 @@ QUERY_GAIN_UNSPLIT = ("the folded query gain c_q (self_attn.query_gain) was left
                       "run this folded nGPT/anGPT checkpoint without tensor parallelism")
 
 
+QUERY_HEAD_SCALE_UNSPLIT = ("the per-head query scale s_h (self_attn.query_head_scale, LogN) was left whole while q_proj "
+                            "was split across ranks; transformers' tp_plan splits it, a runtime that splits only "
+                            "linear layers (vLLM) does not: run this checkpoint there without tensor parallelism")
+
+
 # --- the one decoder block ------------------------------------------------------------------------------------------
 class AnGPTAttention(nn.Module):
     """Multi-head or grouped-query attention; the architecture decides the q/k treatment, softmax scale and ν
@@ -185,6 +190,9 @@ class AnGPTAttention(nn.Module):
         if self.query_head_scale is not None:  # LogN as a query scaling, so every kernel runs it (docs/attention.md)
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
                                                                                    self.is_causal)
+            if self.query_head_scale.numel() != query.shape[1]:  # a runtime split q_proj but not s_h
+                raise ValueError(f"{QUERY_HEAD_SCALE_UNSPLIT}: this rank's q has {query.shape[1]} heads, the scale "
+                                 f"{self.query_head_scale.numel()}")
             query = query * self.logit_transform.query_scale(self.query_head_scale, layout).to(query.dtype)
         # the registered backend (checked where it was chosen: it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(

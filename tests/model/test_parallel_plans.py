@@ -75,3 +75,23 @@ def test_a_runtime_that_splits_q_proj_but_not_the_query_gain_is_told_in_one_line
     attention.q_proj = half
     with pytest.raises(ValueError, match="^" + re.escape(QUERY_GAIN_UNSPLIT)):
         model(input_ids=torch.arange(5)[None])
+
+
+def test_logn_splits_its_per_head_scale_with_q_proj_and_a_runtime_that_does_not_is_told_in_one_line():
+    import re
+
+    import torch
+
+    from modeling_angpt.modeling_angpt import QUERY_HEAD_SCALE_UNSPLIT
+
+    model = AnGPTForCausalLM(AnGPTConfig(architecture="ngpt", attention_logit_transform="logn", **SHAPE)).eval()
+    plan = model.tp_plan
+    assert plan["model.layers.*.self_attn.query_head_scale"] == plan["model.layers.*.self_attn.q_proj"] == "colwise"
+    assert plan["model.layers.*.self_attn"] == "local_params"  # the attention runs on this rank's part of s_h
+    attention = model.model.layers[0].self_attn
+    for name in ("q_proj", "k_proj", "v_proj"):  # split as vLLM would, s_h left whole
+        linear = getattr(attention, name)
+        setattr(attention, name, nn.Linear(linear.in_features, linear.out_features // 2, bias=False))
+    attention.qk_scale.weight = nn.Parameter(attention.qk_scale.weight[: attention.qk_scale.weight.numel() // 2])
+    with pytest.raises(ValueError, match="^" + re.escape(QUERY_HEAD_SCALE_UNSPLIT)):
+        model(input_ids=torch.arange(5)[None])

@@ -36,6 +36,7 @@ ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which the step uses
 CASES = {"gptplus": dict(training=True, vllm=True), "gptplus_folded": dict(training=False, vllm=True),
          "ngpt": dict(training=True, vllm=False), "ngpt_folded": dict(training=False, vllm=True),
          "angpt": dict(training=True, vllm=False), "angpt_folded": dict(training=False, vllm=True),
+         "ngpt_logn": dict(training=True, vllm=False),  # LogN's per-head query scale s_h, split with q_proj
          "qwen3": dict(training=True, vllm=True),
          # a folded anGPT saved when c_q was a vector [H·d_h] (tests/model/golden): transformers' split refuses it in
          # one line (saved again, it splits); vLLM's rule and the pipeline take it
@@ -59,6 +60,8 @@ def _write_checkpoints(work: Path) -> None:
         model = _perturbed(AnGPTForCausalLM(AnGPTConfig(architecture=architecture, **SHAPE)))
         model.save_pretrained(work / architecture / "checkpoint")
         model.fold().save_pretrained(work / f"{architecture}_folded" / "checkpoint")
+    logn = AnGPTConfig(architecture="ngpt", attention_logit_transform="logn", **SHAPE)
+    _perturbed(AnGPTForCausalLM(logn)).save_pretrained(work / "ngpt_logn" / "checkpoint")
     qwen = Qwen3ForCausalLM(Qwen3Config(intermediate_size=64, **SHAPE))
     _perturbed(qwen).save_pretrained(work / "qwen3" / "checkpoint")
     shutil.copytree(GOLDEN / "angpt_folded", work / "angpt_folded_saved_before" / "checkpoint")
@@ -112,7 +115,7 @@ def test_tensor_parallel_inference_generate_and_save_match_one_process(split_run
                      "mlp.up_proj", "mlp.down_proj"):
             assert f"model.layers.{layer}.{name}.weight" in sharded
         scales = [name for name, _ in model.named_parameters() if name.startswith(f"model.layers.{layer}.")
-                  and any(part in name for part in ("qk_scale", "up_scale", "gate_scale", "query_gain"))]
+                  and any(part in name for part in ("qk_scale", "up_scale", "gate_scale", "query_gain", "query_head"))]
         assert set(scales) <= sharded and (scales or case in ("gptplus", "gptplus_folded", "qwen3"))
     assert "lm_head.weight" in sharded
     # save_pretrained from the split model: the checkpoint one process loads bit for bit
@@ -158,7 +161,7 @@ def test_one_tensor_parallel_training_step_matches_one_process(split_runs, case)
             assert norms.max() <= 1 + 1e-6
 
 
-@pytest.mark.parametrize("case", ["ngpt", "angpt"])
+@pytest.mark.parametrize("case", ["ngpt", "angpt", "ngpt_logn"])
 def test_the_weight_constraint_on_shards_is_the_whole_matrix_projection(split_runs, case):
     work, _ = split_runs
     model = _one_process(work, case)
