@@ -126,6 +126,10 @@ QUERY_HEAD_SCALE_UNSPLIT = ("the per-head query scale s_h (self_attn.query_head_
                             "linear layers (vLLM) does not: run this checkpoint there without tensor parallelism")
 
 
+HEAD_VALUES_UNSPLIT = ("its per-head constants (ALiBi's slopes) come from the config for all heads, and a rank that "
+                       "holds some of the heads cannot tell which: this variant runs without tensor parallelism")
+
+
 # --- the one decoder block ------------------------------------------------------------------------------------------
 class AnGPTAttention(nn.Module):
     """Multi-head or grouped-query attention; the architecture decides the q/k treatment, softmax scale and ν
@@ -194,6 +198,8 @@ class AnGPTAttention(nn.Module):
                 raise ValueError(f"{QUERY_HEAD_SCALE_UNSPLIT}: this rank's q has {query.shape[1]} heads, the scale "
                                  f"{self.query_head_scale.numel()}")
             query = query * self.logit_transform.query_scale(self.query_head_scale, layout).to(query.dtype)
+        if query.shape[1] != self.num_heads and self.logit_transform.head_values is not None:  # split heads
+            raise ValueError(f"attention_logit_transform={self.config.attention_logit_transform!r}: {HEAD_VALUES_UNSPLIT}")
         # the registered backend (checked where it was chosen: it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)

@@ -95,3 +95,19 @@ def test_logn_splits_its_per_head_scale_with_q_proj_and_a_runtime_that_does_not_
     attention.qk_scale.weight = nn.Parameter(attention.qk_scale.weight[: attention.qk_scale.weight.numel() // 2])
     with pytest.raises(ValueError, match="^" + re.escape(QUERY_HEAD_SCALE_UNSPLIT)):
         model(input_ids=torch.arange(5)[None])
+
+
+def test_alibi_under_a_split_is_refused_in_one_line():
+    """ALiBi's slopes are computed from the config for every head; a rank holding half of them cannot tell which."""
+    import torch
+
+    from modeling_angpt.modeling_angpt import HEAD_VALUES_UNSPLIT
+
+    model = AnGPTForCausalLM(AnGPTConfig(architecture="gptplus", attention_logit_transform="alibi", **SHAPE)).eval()
+    attention = model.model.layers[0].self_attn
+    for name in ("q_proj", "k_proj", "v_proj"):
+        linear = getattr(attention, name)
+        setattr(attention, name, nn.Linear(linear.in_features, linear.out_features // 2, bias=False))
+    with pytest.raises(ValueError) as refused:
+        model(input_ids=torch.arange(5)[None])
+    assert str(refused.value) == f"attention_logit_transform='alibi': {HEAD_VALUES_UNSPLIT}"
