@@ -1,5 +1,5 @@
 """report_to's names and errors (training/trackers.py); the round trip through each tracker's own reader is
-tests/tools/test_trackers.py."""
+tests/tools/test_tracker_round_trip.py."""
 import pytest
 from cli_helpers import angpt, assert_one_line_error
 from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
