@@ -11,10 +11,13 @@ parallelism"). One launch for every case keeps the suite's time down.
   other parameter whole (vLLM's Transformers backend shards nothing else);
 - pipeline parallelism by transformers: `DistributedConfig(pp_size=2)`, two stages, the last one's logits;
 - Accelerate's `ParallelismConfig(tp_size=2)` on these CPU processes: what it answers.
+
+With `2d` (under `--nproc_per_node 4`): the training checks on a 2-D mesh, FSDP2 (2) × tensor parallelism (2).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -65,6 +68,30 @@ def one_training_step(model: nn.Module, ids: torch.Tensor) -> float:
     return loss.item()
 
 
+def training_checks(case: Path, split: DistributedConfig, out: dict, report: dict) -> None:
+    """The constraint alone on weights moved off it, then one training step, from fresh loads split by `split`."""
+    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split, dtype=torch.float32)
+    if hasattr(model, "constrained_matrices"):
+        stretch_constrained(model)
+        apply_weight_constraints(model)
+        out.update({f"constrained.{k}": v for k, v in full_state(model).items()})
+        model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split,
+                                                     dtype=torch.float32)
+    report["loss"] = one_training_step(model, probe(model.config.vocab_size))
+    out.update({f"stepped.{k}": v for k, v in full_state(model).items()})
+    out.update({f"grad.{name}": (p.grad.full_tensor() if type(p.grad).__name__ == "DTensor" else p.grad).clone()
+                for name, p in model.named_parameters()})
+
+
+def two_dimensional_checks(case: Path, rank: int) -> dict:
+    """Four processes: a 2-D mesh of FSDP2 (2) × tensor parallelism (2), training only."""
+    out, report = {}, {}
+    training_checks(case, DistributedConfig(tp_size=2, fsdp_size=2), out, report)
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in out.items()}, case / "two_dimensional.safetensors")
+    return report
+
+
 def tensor_parallel_checks(case: Path, training: bool, rank: int) -> dict:
     split = DistributedConfig(tp_size=2)
     model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split, dtype=torch.float32)
@@ -78,16 +105,7 @@ def tensor_parallel_checks(case: Path, training: bool, rank: int) -> dict:
     out = {"logits": logits, "tokens": tokens}
     report = {"sharded": sharded}
     if training:
-        if hasattr(model, "constrained_matrices"):
-            stretch_constrained(model)
-            apply_weight_constraints(model)
-            out.update({f"constrained.{k}": v for k, v in full_state(model).items()})
-        model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split,
-                                                     dtype=torch.float32)
-        report["loss"] = one_training_step(model, ids)
-        out.update({f"stepped.{k}": v for k, v in full_state(model).items()})
-        out.update({f"grad.{name}": (p.grad.full_tensor() if type(p.grad).__name__ == "DTensor" else p.grad).clone()
-                    for name, p in model.named_parameters()})
+        training_checks(case, split, out, report)
     if rank == 0:
         save_file({k: v.contiguous() for k, v in out.items()}, case / "tensor_parallel.safetensors")
     return report
@@ -179,13 +197,16 @@ def accelerate_tensor_parallel() -> str:
 
 
 def main() -> None:
-    work = Path(sys.argv[1])
+    work, two_dimensional = Path(sys.argv[1]), sys.argv[2:] == ["2d"]
     torch.manual_seed(0)
     cases = json.loads((work / "cases.json").read_text())
     reports = {}
     for name, spec in cases.items():
         case = work / name
-        rank = int(__import__("os").environ["RANK"])
+        rank = int(os.environ["RANK"])
+        if two_dimensional:
+            reports[name] = two_dimensional_checks(case, rank)
+            continue
         try:
             report = tensor_parallel_checks(case, spec["training"], rank)
         except ValueError as error:  # refused on every rank alike (a checkpoint that cannot be split)
@@ -194,7 +215,8 @@ def main() -> None:
             report.update(vllm_rule_checks(case, rank))
         report.update(pipeline_checks(case, rank))
         reports[name] = report
-    reports["accelerate_tp_size_2"] = accelerate_tensor_parallel()
+    if not two_dimensional:
+        reports["accelerate_tp_size_2"] = accelerate_tensor_parallel()
     all_reports = [None] * dist.get_world_size()
     dist.all_gather_object(all_reports, reports)
     if dist.get_rank() == 0:

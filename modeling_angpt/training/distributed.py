@@ -157,28 +157,26 @@ def enable_cpu_fsdp(accelerator) -> bool:
 
 
 def _local_shard(weight):
-    """(this rank's tensor, the process group it is sharded over or None, the sharded dim) for a parameter that may be
-    a DTensor: FSDP2 shards dim 0, a tensor-parallel plan dim 0 (colwise) or dim 1 (rowwise); replicated mesh dims
-    hold the same values."""
+    """(this rank's tensor, {sharded dim: the process groups of the mesh dims that shard it}) for a parameter that may
+    be a DTensor: FSDP2 shards dim 0, a tensor-parallel plan dim 0 (colwise) or dim 1 (rowwise), a 2-D mesh both;
+    replicated mesh dims hold the same values."""
     if type(weight).__name__ != "DTensor":
-        return weight, None, 0
-    local, group, dim = weight.to_local(), None, 0
+        return weight, {}
+    groups: dict[int, list] = {}
     for mesh_dim, placement in enumerate(weight.placements):
         if placement.is_shard():
-            if group is not None:
-                raise NotImplementedError("weight constraint on a DTensor sharded over several mesh dims")
-            group, dim = weight.device_mesh.get_group(mesh_dim), placement.dim % weight.ndim
-    return local, group, dim
+            groups.setdefault(placement.dim % weight.ndim, []).append(weight.device_mesh.get_group(mesh_dim))
+    return weight.to_local(), groups
 
 
 def apply_weight_constraints(model) -> None:
     """`model.apply_weight_constraints()`, also when FSDP2 or a tensor-parallel plan has sharded its parameters
-    (DTensors): the projection of each whole matrix, computed on the shards.
+    (DTensors, on a 1-D or 2-D mesh): the projection of each whole matrix, computed on the shards.
 
     A norm along a sharded dim (anGPT's rows of a rowwise-split o_proj/down_proj; nGPT's columns of an FSDP2 shard)
-    sums its squares over the shard's process group; a norm along the other dim covers whole vectors and needs
-    nothing from other ranks (docs/architectures.md, "Tensor and pipeline parallelism"). One matrix at a time, in
-    module order: uneven shards have rank-dependent local shapes, and grouping by them could pair different
+    sums its squares over the process groups that shard that dim; a norm along an unsharded dim covers whole vectors
+    and needs nothing from other ranks (docs/architectures.md, "Tensor and pipeline parallelism"). One matrix at a
+    time, in module order: uneven shards have rank-dependent local shapes, and grouping by them could pair different
     matrices' all-reduces on different ranks. Models without a constraint (not this library's) are left alone."""
     if not hasattr(model, "apply_weight_constraints"):
         return
@@ -188,7 +186,9 @@ def apply_weight_constraints(model) -> None:
         return
     import torch
 
+    strategy = model.architecture_strategy
     with torch.no_grad():
         for weight, residual_output in matrices:
-            local, group, dim = _local_shard(weight)
-            model.architecture_strategy.constrain_all([(local, residual_output)], reduce_group=group, shard_dim=dim)
+            local, groups = _local_shard(weight)
+            dim = strategy.norm_axis(residual_output) % weight.ndim if strategy.norm_axis else 0
+            strategy.constrain_all([(local, residual_output)], reduce_group=groups.get(dim), shard_dim=dim)

@@ -43,6 +43,7 @@ CASES = {"gptplus": dict(training=True, vllm=True), "gptplus_folded": dict(train
          "angpt_folded_saved_before": dict(training=False, vllm=True)}
 GOLDEN = Path(__file__).resolve().parents[1] / "model" / "golden"
 DELTAS: dict[tuple[str, str], float] = {}
+TWO_DIMENSIONAL = ("ngpt", "angpt", "qwen3")
 
 
 def _perturbed(model):
@@ -67,20 +68,34 @@ def _write_checkpoints(work: Path) -> None:
     shutil.copytree(GOLDEN / "angpt_folded", work / "angpt_folded_saved_before" / "checkpoint")
 
 
+def _launch(work: Path, processes: int, *args: str) -> list[dict]:
+    """tests/tensor_parallel_driver.py under torchrun: every rank's report."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    proc = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", str(processes),
+                           str(REPO / "tests" / "tensor_parallel_driver.py"), str(work), *args],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((work / "reports.json").read_text())
+
+
 @pytest.fixture(scope="module")
 def split_runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("tensor-parallel")
     _write_checkpoints(work)
     (work / "cases.json").write_text(json.dumps(CASES))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
-    proc = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2",
-                           str(REPO / "tests" / "tensor_parallel_driver.py"), str(work)],
-                          capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    yield work, json.loads((work / "reports.json").read_text())
+    yield work, _launch(work, 2)
     print("\nmax |Δ| against one process:")
     for (case, check), delta in sorted(DELTAS.items()):
         print(f"  {case:15s} {check:22s} {delta:.2e}")
+
+
+@pytest.fixture(scope="module")
+def two_dimensional_runs(tmp_path_factory):
+    """Four processes, a 2-D mesh: FSDP2 (2) × tensor parallelism (2), the training cases."""
+    work = tmp_path_factory.mktemp("two-dimensional")
+    _write_checkpoints(work)
+    (work / "cases.json").write_text(json.dumps({case: CASES[case] for case in TWO_DIMENSIONAL}))
+    return work, _launch(work, 4, "2d")
 
 
 def _one_process(work: Path, case: str):
@@ -127,50 +142,62 @@ def test_tensor_parallel_inference_generate_and_save_match_one_process(split_run
     DELTAS[(case, "TP save/reload")] = 0.0
 
 
-@pytest.mark.parametrize("case", [name for name, spec in CASES.items() if spec["training"]])
-def test_one_tensor_parallel_training_step_matches_one_process(split_runs, case):
-    work, reports = split_runs
+def _check_training_step(work: Path, reports: list[dict], case: str, results: str, label: str) -> None:
+    """The split step in `results` against one process's: loss, gradients, weights, and the constraint after it."""
     model = _one_process(work, case)
     loss = one_training_step(model, probe(model.config.vocab_size))
-    split = load_file(str(work / case / "tensor_parallel.safetensors"))
+    split = load_file(str(work / case / results))
     assert reports[0][case]["loss"] == pytest.approx(loss, rel=1e-6)
     stepped = {name[len("stepped."):]: value for name, value in split.items() if name.startswith("stepped.")}
     assert stepped.keys() == dict(model.named_parameters()).keys()
     gradient_delta = max((split[f"grad.{name}"] - p.grad).abs().max().item() for name, p in model.named_parameters())
-    assert _record(case, "TP gradients", gradient_delta) <= 1e-6
+    assert _record(case, f"{label} gradients", gradient_delta) <= 1e-6
     # Adam's first step moves a weight by lr·g/(|g| + eps): where |g| is below eps (1e-8) the step is proportional to
     # g itself, which is round-off there (one process summing in another order moves it as much), so those few
     # entries are held to the gradients' bound above, every other to the issue's 1e-5.
     delta = max(((stepped[name] - p.detach()).abs() * (p.grad.abs() >= ADAM_EPS)).max().item()
                 for name, p in model.named_parameters())
-    _record(case, "TP step, all entries", max((stepped[name] - p.detach()).abs().max().item()
-                                              for name, p in model.named_parameters()))
-    assert _record(case, "TP training step", delta) <= TOLERANCE
-    if not hasattr(model, "constrained_matrices"):
+    _record(case, f"{label} step, all entries", max((stepped[name] - p.detach()).abs().max().item()
+                                                    for name, p in model.named_parameters()))
+    assert _record(case, f"{label} training step", delta) <= TOLERANCE
+    strategy = getattr(model, "architecture_strategy", None)
+    if strategy is None or strategy.norm_axis is None:  # Qwen3, GPT+: no constraint
         return
     # nGPT's and anGPT's constraints hold on the weights the split step wrote
-    strategy = model.architecture_strategy
     for weight, residual_output in model.constrained_matrices():
         name = next(n for n, p in model.named_parameters() if p is weight)
-        if strategy.norm_axis is None:
-            continue
         norms = stepped[name].norm(dim=strategy.norm_axis(residual_output))
-        if case == "ngpt":
+        if model.config.architecture == "ngpt":
             torch.testing.assert_close(norms, torch.ones_like(norms), rtol=0, atol=1e-5)
         else:
             assert norms.max() <= 1 + 1e-6
 
 
-@pytest.mark.parametrize("case", ["ngpt", "angpt", "ngpt_logn"])
-def test_the_weight_constraint_on_shards_is_the_whole_matrix_projection(split_runs, case):
-    work, _ = split_runs
+def _check_constraint(work: Path, case: str, results: str, label: str) -> None:
     model = _one_process(work, case)
     stretch_constrained(model)
     apply_weight_constraints(model)
-    split = load_file(str(work / case / "tensor_parallel.safetensors"))
+    split = load_file(str(work / case / results))
     delta = max((split[f"constrained.{name}"] - weight.detach()).abs().max().item()
                 for name, weight in model.named_parameters() if weight.ndim == 2)
-    assert _record(case, "constraint on shards", delta) <= 1e-6
+    assert _record(case, f"{label} constraint on shards", delta) <= 1e-6
+
+
+@pytest.mark.parametrize("case", [name for name, spec in CASES.items() if spec["training"]])
+def test_one_tensor_parallel_training_step_matches_one_process(split_runs, case):
+    _check_training_step(*split_runs, case, "tensor_parallel.safetensors", "TP")
+
+
+@pytest.mark.parametrize("case", TWO_DIMENSIONAL)
+def test_one_training_step_on_a_two_dimensional_mesh_matches_one_process(two_dimensional_runs, case):
+    _check_training_step(*two_dimensional_runs, case, "two_dimensional.safetensors", "2-D")
+    if case != "qwen3":
+        _check_constraint(two_dimensional_runs[0], case, "two_dimensional.safetensors", "2-D")
+
+
+@pytest.mark.parametrize("case", ["ngpt", "angpt", "ngpt_logn"])
+def test_the_weight_constraint_on_shards_is_the_whole_matrix_projection(split_runs, case):
+    _check_constraint(split_runs[0], case, "tensor_parallel.safetensors", "TP")
 
 
 @pytest.mark.parametrize("case", [name for name, spec in CASES.items() if spec["vllm"]])
