@@ -173,9 +173,6 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    # c_q (layers_angpt.Gain) is a gain held by a linear layer: never quantized (quantizers match these patterns from
-    # the start of a module or parameter name), and kept in float32 where transformers keeps modules so
-    _keep_in_fp32_modules = [".*self_attn.query_gain"]
     # by class name: the classes live in modeling_angpt.py, which builds on this one
     _can_record_outputs = {"hidden_states": "AnGPTDecoderLayer", "attentions": "AnGPTAttention"}
 
@@ -222,7 +219,11 @@ class AnGPTPreTrainedModel(PreTrainedModel):
 
     def post_init(self):
         """transformers' post_init; then torch's load_state_dict also takes a parameter's old name (training resumes
-        a run saved before the rename)."""
+        a run saved before the rename). A model with the folded c_q (layers_angpt.Gain, a gain held by a linear layer)
+        keeps it out of quantization (quantizers match these patterns from the start of a module or parameter name)
+        and in float32 where transformers keeps modules so."""
+        if get_architecture(self.config).query_gain(self.config) is not None:
+            self._keep_in_fp32_modules = [".*self_attn.query_gain"]
         super().post_init()
         self.register_load_state_dict_pre_hook(rename_old_parameters)
 
