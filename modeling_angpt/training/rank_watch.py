@@ -22,6 +22,7 @@ import socket
 import sys
 import threading
 import time
+import warnings
 from datetime import timedelta
 
 INTERVAL_S = 2.0
@@ -46,9 +47,10 @@ class RankWatch:
                  interval: float = INTERVAL_S, exit=os._exit) -> None:
         self.rank, self.world, self.output_dir = rank, world, output_dir
         self.stale_after, self.interval, self._exit = stale_after, interval, exit
-        self.store = store if store is not None else _rendezvous_store()
         self.local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-        self.address = (os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "0")))
+        # the store's host, checked for life before each use of the store (none for a store handed in)
+        self.address = None if store is not None else (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        self.store = store if store is not None else _rendezvous_store()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="angpt-rank-watch", daemon=True)
 
@@ -57,7 +59,13 @@ class RankWatch:
         """A running watch for a run of several processes (None for one process)."""
         if accelerator.num_processes < 2:
             return None
-        watch = cls(accelerator.process_index, accelerator.num_processes, str(output_dir))
+        try:
+            watch = cls(accelerator.process_index, accelerator.num_processes, str(output_dir))
+        except (KeyError, ValueError, RuntimeError, OSError) as error:  # a launch without a reachable store
+            warnings.warn(f"no watch for lost ranks in this run (the rendezvous store at MASTER_ADDR:MASTER_PORT "
+                          f"cannot be reached: {error}); a lost rank stops it through the collectives' time-out",
+                          stacklevel=2)
+            return None
         watch._thread.start()
         return watch
 
@@ -80,7 +88,8 @@ class RankWatch:
         beats, seen, since = 0, {}, {}
         while not self._stopped.is_set():
             try:
-                _check_reachable(self.address)  # before the store's client, which logs a C++ trace on a dead host
+                if self.address is not None:  # before the store's client, which logs a C++ trace on a dead host
+                    _check_reachable(self.address)
                 beats += 1
                 self.store.set(f"beat/{self.rank}", str(beats))
                 now = time.monotonic()
@@ -97,8 +106,9 @@ class RankWatch:
                 if self._stopped.is_set():
                     return
                 ranks = "rank 0" if self.local == 1 else f"ranks 0 to {self.local - 1}"
+                host = "" if self.address is None else f" at {self.address[0]}:{self.address[1]}"
                 return self._lost(f"lost {ranks} of {self.world} (machine 0, whose launcher hosts the run's "
-                                  f"rendezvous at {self.address[0]}:{self.address[1]}): it stopped")
+                                  f"rendezvous{host}): it stopped")
             self._stopped.wait(self.interval)
 
     def _lost(self, what: str) -> None:
