@@ -151,7 +151,9 @@ def _check_training_step(work: Path, reports: list[dict], case: str, results: st
     stepped = {name[len("stepped."):]: value for name, value in split.items() if name.startswith("stepped.")}
     assert stepped.keys() == dict(model.named_parameters()).keys()
     gradient_delta = max((split[f"grad.{name}"] - p.grad).abs().max().item() for name, p in model.named_parameters())
-    assert _record(case, f"{label} gradients", gradient_delta) <= 1e-6
+    # the split sums in another order: float32 round-off, which grows with the gradients' size (anGPT's, scaled by
+    # its ν constants, reached 1.4e-6 in one CI run, the others stay below 2e-7), held to the issue's 1e-5
+    assert _record(case, f"{label} gradients", gradient_delta) <= TOLERANCE
     # Adam's first step moves a weight by lr·g/(|g| + eps): where |g| is below eps (1e-8) the step is proportional to
     # g itself, which is round-off there (one process summing in another order moves it as much), so those few
     # entries are held to the gradients' bound above, every other to the issue's 1e-5.
