@@ -33,101 +33,7 @@ from .pretrained_angpt import (AnGPTPreTrainedModel, CheckpointMismatchError,  #
                                check_logits_need_no_head)
 from .paged_angpt import (check_paged_support, is_paged, paged_attention_function, paged_layout,
                           update_paged_cache)
-from .rotary_angpt import ROPE_TYPES, compute_inv_freq, per_sequence_inv_freq
-
-
-# --- positions: rotary embedding (rotary_angpt.py has the frequencies of each rope type) ------------------------
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """Rotate the first cos.shape[-1] channels of q, k [b, h, t, d_h]; cos/sin are [b, t, r]."""
-    rotary_dim = cos.shape[-1]
-    if rotary_dim == 0:
-        return q, k
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-
-    def rotate(x):
-        if rotary_dim == x.shape[-1]:
-            return x * cos + rotate_half(x) * sin
-        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-        return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
-
-    return rotate(q), rotate(k)
-
-
-class AnGPTRotaryEmbedding(nn.Module):
-    """cos/sin tables for absolute positions; `inv_freq` is a non-persistent buffer re-filled in `_init_weights`.
-
-    Dynamic NTK: the base depends on a sequence length L (θ' = θ·(L/L_train)^(r/(r−2)) when L > L_train, computed by
-    transformers' `ROPE_INIT_FUNCTIONS["dynamic"]`). Keys in a KV cache were rotated with the base of the forward
-    that computed them, so a base that changes while decoding would make them inconsistent with new queries (and
-    the hidden states of later layers would differ anyway). We therefore fix the base for a whole sequence:
-    L = the `rope_seq_len` the caller passes (the total length known up front, e.g. prompt + new tokens), otherwise
-    the length of the first forward that filled the cache (max position + 1), remembered on the cache. Cached
-    decoding then equals a full forward computed with the same L exactly. Called on its own without `seq_len`, the
-    module takes L = max position + 1 of the positions it is given (as transformers' rotary modules do).
-    """
-
-    def __init__(self, config) -> None:
-        super().__init__()
-        self.config = config
-        self.length_dependent = ROPE_TYPES[config.rope_parameters["rope_type"]].length_dependent
-        inv_freq, self.attention_scaling = compute_inv_freq(config)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-
-    def reset_parameters(self) -> torch.Tensor:
-        return compute_inv_freq(self.config, self.inv_freq.device)[0]
-
-    def sequence_length(self, position_ids: torch.Tensor, past_key_values=None, rope_seq_len: int | None = None,
-                        packed: bool = False):
-        """The L that fixes the dynamic NTK base for this forward (None for every other rope type, and for a packed
-        batch, whose sequences each take their own: see forward's `sequence`)."""
-        if not self.length_dependent or (packed and rope_seq_len is None):
-            return None
-        if rope_seq_len is None:
-            rope_seq_len = getattr(past_key_values, "angpt_rope_seq_len", None)
-        if rope_seq_len is None:
-            rope_seq_len = int(position_ids.max()) + 1
-        if past_key_values is not None:
-            past_key_values.angpt_rope_seq_len = int(rope_seq_len)
-        return int(rope_seq_len)
-
-    @torch.no_grad()
-    def forward(self, x: torch.Tensor, position_ids: torch.Tensor, seq_len: int | None = None,
-                sequence: torch.Tensor | None = None):
-        """`sequence` [b, t]: packed-sequence ids of a padding-free packed batch; dynamic NTK then gives each sequence
-        the base of its own length, as if it ran alone (rotary_angpt.per_sequence_inv_freq)."""
-        inv_freq = self.inv_freq
-        if seq_len is None and self.length_dependent and sequence is not None:
-            inv_freq = per_sequence_inv_freq(self.config, position_ids.expand_as(sequence), sequence)  # [b, t, r/2]
-        elif seq_len is None and self.length_dependent:  # called on its own: L from the positions it is given
-            seq_len = int(position_ids.max()) + 1
-        if seq_len is not None:  # dynamic NTK: frequencies for this forward's fixed L (see the class docstring)
-            inv_freq = compute_inv_freq(self.config, x.device, seq_len)[0]
-        freqs = position_ids[..., None].float() * inv_freq.float()  # [b, t, r/2]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = emb.cos() * self.attention_scaling
-        sin = emb.sin() * self.attention_scaling
-        return cos.to(x.dtype), sin.to(x.dtype)
-
-
-# What a runtime that splits q_proj by other rules than the plan's meets in a folded nGPT/anGPT: the per-channel query
-# gain c_q left whole beside it (docs/architectures.md, "Tensor and pipeline parallelism").
-QUERY_GAIN_UNSPLIT = ("the folded query gain c_q (self_attn.query_gain) was left whole while q_proj was split across "
-                      "ranks; split it with q_proj (as transformers' tp_plan and vLLM do: it is a linear layer), or "
-                      "run this folded nGPT/anGPT checkpoint without tensor parallelism")
-
-
-QUERY_HEAD_SCALE_UNSPLIT = ("the per-head query scale s_h (self_attn.query_head_scale, LogN) was left whole while q_proj "
-                            "was split across ranks; transformers' tp_plan splits it, a runtime that splits only "
-                            "linear layers (vLLM) does not: run this checkpoint there without tensor parallelism")
-
-
-HEAD_VALUES_UNSPLIT = ("its per-head constants (ALiBi's slopes) come from the config for all heads, and a rank that "
-                       "holds some of the heads cannot tell which: this variant runs without tensor parallelism")
+from .rotary_angpt import AnGPTRotaryEmbedding, apply_rotary
 
 
 # --- the one decoder block ------------------------------------------------------------------------------------------
@@ -210,6 +116,22 @@ class AnGPTAttention(nn.Module):
         output = output.reshape(batch, length, -1)
         scale = self.nu_o if output_scale is None else output_scale * self.nu_o
         return project(self.o_proj, output, scale), weights
+
+
+# The refusals of AnGPTAttention.forward where a runtime split q_proj by other rules than the plan's: the folded
+# nGPT/anGPT's per-channel query gain c_q left whole beside it, LogN's per-head scale, ALiBi's per-head slopes (docs/architectures.md, "Tensor and pipeline parallelism").
+QUERY_GAIN_UNSPLIT = ("the folded query gain c_q (self_attn.query_gain) was left whole while q_proj was split across "
+                      "ranks; split it with q_proj (as transformers' tp_plan and vLLM do: it is a linear layer), or "
+                      "run this folded nGPT/anGPT checkpoint without tensor parallelism")
+
+
+QUERY_HEAD_SCALE_UNSPLIT = ("the per-head query scale s_h (self_attn.query_head_scale, LogN) was left whole while q_proj "
+                            "was split across ranks; transformers' tp_plan splits it, a runtime that splits only "
+                            "linear layers (vLLM) does not: run this checkpoint there without tensor parallelism")
+
+
+HEAD_VALUES_UNSPLIT = ("its per-head constants (ALiBi's slopes) come from the config for all heads, and a rank that "
+                       "holds some of the heads cannot tell which: this variant runs without tensor parallelism")
 
 
 class AnGPTMLP(nn.Module):

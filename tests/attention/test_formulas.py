@@ -11,7 +11,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from modeling_angpt import attention_angpt
 from modeling_angpt.attention_angpt import eager_attention_forward
 from modeling_angpt.logit_transforms_angpt import alibi_slopes, scale_invariant_coefficients
-from modeling_angpt.modeling_angpt import AnGPTRotaryEmbedding
+from modeling_angpt.rotary_angpt import AnGPTRotaryEmbedding
 from modeling_angpt.rotary_angpt import compute_inv_freq
 
 from attention_fixtures import assert_close_on, build, logits, make_config, padded_batch
