@@ -9,12 +9,9 @@ The transformers Qwen3 tests record what bitsandbytes 0.50 itself does on the pa
 `restore_4bit_layout` (saving) and `WeightConstraintCallback` (training) are for."""
 from __future__ import annotations
 
-import logging
-import tempfile
-
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Qwen3Config, Qwen3ForCausalLM
+from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from quantization_fixtures import bench, four_bit_path_params, needs_avx512bf16, trained  # noqa: F401 (fixtures)
 
@@ -129,29 +126,20 @@ def tiny_qwen3(directory, hidden: int) -> str:
     return directory
 
 
-def load_4bit(directory, packed_path: bool):
-    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_pretrained(directory, quantization_config=config, device_map="cpu").eval()
-    for layer in four_bit_layers(model):
-        layer.support_avx512bf16_for_cpu = packed_path
-    return model
-
-
 @needs_avx512bf16()
-def test_packed_4bit_path_needs_inputs_as_wide_as_a_block_on_qwen3_too(tmp_path):
+def test_packed_4bit_path_needs_inputs_as_wide_as_a_block_on_qwen3_too(bench, tmp_path):
     """A layer whose input is narrower than the quantization block (64) fails on the packed path, a transformers
     Qwen3 as ours: the packed scales have input-width // 64 = 0 columns. At 64 it runs. Documented, not refused
     (docs/tools.md): the model's width is the user's, and the generic path runs any width."""
     ids = torch.randint(0, 101, (2, 8))
     with torch.no_grad(), pytest.raises(RuntimeError, match="invalid for input of size"):
-        load_4bit(tiny_qwen3(tmp_path / "32", 32), packed_path=True)(ids)
+        bench.load_quantized(tiny_qwen3(tmp_path / "32", 32), MODES["avx512bf16"])(ids)
     with torch.no_grad():
-        assert load_4bit(tiny_qwen3(tmp_path / "64", 64), packed_path=True)(ids).logits.isfinite().all()
+        assert bench.load_quantized(tiny_qwen3(tmp_path / "64", 64), MODES["avx512bf16"])(ids).logits.isfinite().all()
 
 
 @needs_avx512bf16()
-def test_bitsandbytes_packed_4bit_path_loses_adapter_gradients_on_qwen3(tmp_path):
+def test_bitsandbytes_packed_4bit_path_loses_adapter_gradients_on_qwen3(bench, tmp_path):
     """What bitsandbytes 0.50 does on a transformers Qwen3 after one inference pass on the packed path: the packed
     kernel has no backward (torch warns that it backpropagates through `bitsandbytes::gemv_4bit` without an autograd
     kernel), so gradients through packed layers are lost and an adapter learns from wrong ones.
@@ -165,7 +153,7 @@ def test_bitsandbytes_packed_4bit_path_loses_adapter_gradients_on_qwen3(tmp_path
     gradients = {}
     for run in ("generic", "packed", "packed+restored"):
         torch.manual_seed(0)
-        model = get_peft_model(load_4bit(directory, packed_path=run != "generic"),
+        model = get_peft_model(bench.load_quantized(directory, MODES["generic" if run == "generic" else "avx512bf16"]),
                                LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)).eval()
         with torch.no_grad():
             model(ids)
@@ -177,17 +165,17 @@ def test_bitsandbytes_packed_4bit_path_loses_adapter_gradients_on_qwen3(tmp_path
 
 
 @needs_avx512bf16()
-def test_bitsandbytes_save_after_packed_inference_corrupts_qwen3(tmp_path):
+def test_bitsandbytes_save_after_packed_inference_corrupts_qwen3(bench, tmp_path):
     """bitsandbytes 0.50's own inverse of the packing, which its save calls, leaves the block scales transposed: a
     transformers Qwen3 (128 wide: the MLP's down projection reads two blocks per row) saved after one packed
     inference pass reloads to other logits. AnGPT's save_pretrained restores the layout first
     (test_4bit_predicts_like_the_float_model_and_reloads). If the assert starts to fail, bitsandbytes fixed it."""
     directory, ids = tiny_qwen3(tmp_path / "qwen3", 128), torch.randint(0, 101, (2, 8))
     with torch.no_grad():
-        generic = load_4bit(directory, packed_path=False)(ids).logits
-        model = load_4bit(directory, packed_path=True)
+        generic = bench.load_quantized(directory, MODES["generic"])(ids).logits
+        model = bench.load_quantized(directory, MODES["avx512bf16"])
         packed = model(ids).logits
     model.save_pretrained(tmp_path / "saved")
     with torch.no_grad():
-        reloaded = load_4bit(tmp_path / "saved", packed_path=False)(ids).logits
+        reloaded = bench.load_quantized(tmp_path / "saved", MODES["generic"])(ids).logits
     assert (reloaded - generic).abs().max() > 10 * (packed - generic).abs().max()
