@@ -86,11 +86,10 @@ class AnGPTAttention(nn.Module):
         if self.qk_scale is not None:  # s_qk after RoPE: one per key channel, shared by the query heads reading it
             s_qk = self.qk_scale().view(-1, 1, self.head_dim).to(query.dtype)
             query, key = query * s_qk.repeat_interleave(self.num_key_value_groups, dim=0), key * s_qk
-        if self.query_gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
-            gain = gain_of(self.query_gain, query)
-            if gain.numel() != query.shape[1] * self.head_dim:  # a runtime split q_proj but not c_q
-                raise ValueError(f"{QUERY_GAIN_UNSPLIT}: this rank's q has {query.shape[1]} heads, the gain "
-                                 f"{gain.numel() // self.head_dim}")
+        gain = None if self.query_gain is None else gain_of(self.query_gain, query)
+        if query.shape[1] != self.num_heads:  # this rank holds some of the heads: were they all split alike?
+            self._check_split_heads(query.shape[1], gain)
+        if gain is not None:  # folded: all of q's and k's factors merged onto q (docs/inference-fold.md)
             query = query * gain.view(-1, 1, self.head_dim)
         paged = is_paged(past_key_values)  # continuous batching (paged_angpt.py)
         if paged:
@@ -100,12 +99,7 @@ class AnGPTAttention(nn.Module):
         if self.query_head_scale is not None:  # LogN as a query scaling, so every kernel runs it (docs/attention.md)
             layout = kwargs.get("attention_layout") or AttentionLayout.from_shapes(query, key, attention_mask,
                                                                                    self.is_causal)
-            if self.query_head_scale.numel() != query.shape[1]:  # a runtime split q_proj but not s_h
-                raise ValueError(f"{QUERY_HEAD_SCALE_UNSPLIT}: this rank's q has {query.shape[1]} heads, the scale "
-                                 f"{self.query_head_scale.numel()}")
             query = query * self.logit_transform.query_scale(self.query_head_scale, layout).to(query.dtype)
-        if query.shape[1] != self.num_heads and self.logit_transform.head_values is not None:  # split heads
-            raise ValueError(f"attention_logit_transform={self.config.attention_logit_transform!r}: {HEAD_VALUES_UNSPLIT}")
         # the registered backend (checked where it was chosen: it computes this variant), else transformers' by name
         attend = get_attention_function(self.config) or ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward)
@@ -117,9 +111,23 @@ class AnGPTAttention(nn.Module):
         scale = self.nu_o if output_scale is None else output_scale * self.nu_o
         return project(self.o_proj, output, scale), weights
 
+    def _check_split_heads(self, heads: int, gain: torch.Tensor | None) -> None:
+        """Refuse, in one line, a forward on `heads` of the query heads (a runtime split q_proj) where a per-head
+        factor was not split with them: the folded c_q or LogN's s_h left whole (a runtime splitting by other rules
+        than the plan's), ALiBi's slopes computed from the config for all heads (docs/architectures.md, "Tensor and
+        pipeline parallelism")."""
+        if gain is not None and gain.numel() != heads * self.head_dim:
+            raise ValueError(f"{QUERY_GAIN_UNSPLIT}: this rank's q has {heads} heads, the gain "
+                             f"{gain.numel() // self.head_dim}")
+        if self.query_head_scale is not None and self.query_head_scale.numel() != heads:
+            raise ValueError(f"{QUERY_HEAD_SCALE_UNSPLIT}: this rank's q has {heads} heads, the scale "
+                             f"{self.query_head_scale.numel()}")
+        if self.logit_transform.head_values is not None:
+            transform = self.config.attention_logit_transform
+            raise ValueError(f"attention_logit_transform={transform!r}: {HEAD_VALUES_UNSPLIT}")
 
-# The refusals of AnGPTAttention.forward where a runtime split q_proj by other rules than the plan's: the folded
-# nGPT/anGPT's per-channel query gain c_q left whole beside it, LogN's per-head scale, ALiBi's per-head slopes (docs/architectures.md, "Tensor and pipeline parallelism").
+
+# The refusals of AnGPTAttention._check_split_heads.
 QUERY_GAIN_UNSPLIT = ("the folded query gain c_q (self_attn.query_gain) was left whole while q_proj was split across "
                       "ranks; split it with q_proj (as transformers' tp_plan and vLLM do: it is a linear layer), or "
                       "run this folded nGPT/anGPT checkpoint without tensor parallelism")
