@@ -16,8 +16,6 @@ is asked for here.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
 from ..layers_angpt import ApproxLerp, NormalizedLerp
@@ -50,13 +48,14 @@ class NormProbe:
         inner = getattr(model, "model", model)
         self.layers = list(getattr(inner, "layers", []))
         self.handles = []
-        self.stats = defaultdict(lambda: [0.0, 0, 0.0])  # key -> [sum, count, max]
+        self.stats = {}  # key -> (sum, count, max); sum and max stay on the device: a hook never waits for it
 
     def _add(self, key: str, values: torch.Tensor) -> None:
-        entry = self.stats[key]
-        entry[0] += float(values.sum())
-        entry[1] += values.numel()
-        entry[2] = max(entry[2], float(values.max()))
+        total, count, peak = values.sum(dtype=torch.float64), values.numel(), values.max().double()
+        if key in self.stats:
+            before = self.stats[key]
+            total, count, peak = before[0] + total, before[1] + count, torch.maximum(before[2], peak)
+        self.stats[key] = (total, count, peak)
 
     def _hook(self, key: str, measure, *positions: int):
         """A forward pre-hook adding `measure(args[positions])` under `key`."""
@@ -85,7 +84,9 @@ class NormProbe:
         keys = sorted(self.stats)
         if not keys:  # no probe for this architecture (the same on every rank)
             return {}
-        local = torch.tensor([self.stats[k] for k in keys], dtype=torch.float64, device=accelerator.device)
+        local = torch.stack([torch.stack([total, torch.tensor(float(count), dtype=torch.float64, device=total.device),
+                                          peak]) for total, count, peak in (self.stats[k] for k in keys)])
+        local = local.to(accelerator.device)
         gathered = accelerator.gather(local[None]).reshape(-1, len(keys), 3)  # [processes, keys, (sum, count, max)]
         sums, counts, maxima = gathered[..., 0].sum(0), gathered[..., 1].sum(0), gathered[..., 2].amax(0)
         summary = {}
