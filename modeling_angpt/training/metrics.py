@@ -122,13 +122,12 @@ def device_peak_flops(device: torch.device, override: float | None = None,
     return float(cache[key])
 
 
-def _complete(line: str) -> bool:
-    """A whole JSON line (not the last one of a run killed while writing it)."""
+def _parsed(line: str) -> dict | None:
+    """A line's JSON object; None for a line cut short (the last one of a run killed while writing it)."""
     try:
-        json.loads(line)
+        return json.loads(line)
     except ValueError:
-        return False
-    return True
+        return None
 
 
 class MetricsLogger:
@@ -164,7 +163,7 @@ class MetricsLogger:
 
     def _truncate_after(self, step: int | None) -> None:
         keep = [] if step is None else [line for line in self.path.read_text().splitlines()
-                                        if _complete(line) and json.loads(line)[self.step_key] <= step]
+                                        if (row := _parsed(line)) is not None and row[self.step_key] <= step]
         self.path.write_text("".join(line + "\n" for line in keep))
 
     def log(self, step: int, **values) -> None:
