@@ -123,16 +123,16 @@ class Architecture:
         """Project one matrix after an optimiser step (in place); nothing by default."""
 
     @torch.no_grad()
-    def constrain_all(self, matrices: list[tuple[torch.Tensor, bool]], reduce_group=None, shard_dim: int = 0) -> None:
+    def constrain_all(self, matrices: list[tuple[torch.Tensor, bool]], reduce_group=None) -> None:
         """Project every matrix after an optimiser step, as a few grouped ops (docs/architectures.md, "Weight
         constraints").
 
         Matrices of one shape, dtype, device and axis are stacked so that one norm, one clamp and one
         `torch._foreach_div_`/`_foreach_copy_` serve them all (about 5 groups per model instead of 3-4 ops per
         matrix); the results are bit-identical to `constrain` per matrix (tests/model/test_compile_and_constraints.py).
-        `reduce_group`: the process group (or the groups, one per mesh dim) over which a norm along `shard_dim` is
-        summed when each tensor is one rank's shard along that dim (FSDP2 shards dim 0; a tensor-parallel rowwise
-        split, dim 1; both, on a 2-D mesh); a norm along the other dim covers whole vectors and never needs it."""
+        `reduce_group`: the process group (or the groups, one per mesh dim) over which each norm is summed when each
+        tensor is one rank's shard along the dim of its norm (FSDP2 shards dim 0; a tensor-parallel rowwise split,
+        dim 1; both, on a 2-D mesh); None when the norms cover whole vectors."""
         if not self.norm_axis:
             return
         groups: dict[tuple, list[torch.Tensor]] = defaultdict(list)
@@ -142,7 +142,7 @@ class Architecture:
             dim = self.norm_axis(residual_output)
             stacked = torch.stack(weights).float()
             axis = dim + 1 if dim >= 0 else dim
-            if reduce_group is not None and dim % (stacked.ndim - 1) == shard_dim % (stacked.ndim - 1):
+            if reduce_group is not None:
                 squares = stacked.square().sum(dim=axis, keepdim=True)  # the vector spans every rank's shard
                 for group in reduce_group if isinstance(reduce_group, (list, tuple)) else [reduce_group]:
                     torch.distributed.all_reduce(squares, group=group)

@@ -190,5 +190,5 @@ def apply_weight_constraints(model) -> None:
     with torch.no_grad():
         for weight, residual_output in matrices:
             local, groups = _local_shard(weight)
-            dim = strategy.norm_axis(residual_output) % weight.ndim if strategy.norm_axis else 0
-            strategy.constrain_all([(local, residual_output)], reduce_group=groups.get(dim), shard_dim=dim)
+            dim = strategy.norm_axis(residual_output) % weight.ndim if strategy.norm_axis else None
+            strategy.constrain_all([(local, residual_output)], reduce_group=groups.get(dim))  # the norm's dim sharded
