@@ -164,24 +164,27 @@ def tokens_to_reach(curve: list, target: float) -> float | None:
     return None
 
 
+def layer_values(norms: dict, quantity: str, stat: str) -> list[float]:
+    """One evaluation's QUANTITY_STAT, one value per layer (the keys of training/norm_health.py)."""
+    return [v for k, v in norms.items() if k.startswith(f"norm/{quantity}_{stat}/")]
+
+
+def layer_mean(norms: dict, quantity: str) -> float:
+    """One evaluation's QUANTITY_mean averaged over the layers."""
+    values = layer_values(norms, quantity, "mean")
+    return sum(values) / len(values)
+
+
 def norm_summary(run: RunCurves) -> str:
     """The last evaluation's norms over all layers: means averaged over the layers, the largest max
     (docs/architectures.md, "Watching the norms during training")."""
     if not run.norms:
         return "–"
     last = run.norms[-1][1]
-
-    def over_layers(quantity: str, stat: str, reduce=max):
-        values = [v for k, v in last.items() if k.startswith(f"norm/{quantity}_{stat}/")]
-        return reduce(values) if values else None
-
-    def mean(quantity: str) -> float:
-        return over_layers(quantity, "mean", lambda v: sum(v) / len(v))
-
-    if over_layers("h", "mean") is not None:
-        return (f"‖h‖ mean {mean('h'):.3f}, max {over_layers('h', 'max'):.3f}; branch outputs: ‖x_A‖ mean "
-                f"{mean('attn'):.2f}, ‖x_M‖ mean {mean('mlp'):.2f}")
-    return f"max |‖h‖−1| {over_layers('h_dist', 'max'):.2e}"
+    if layer_values(last, "h", "mean"):
+        return (f"‖h‖ mean {layer_mean(last, 'h'):.3f}, max {max(layer_values(last, 'h', 'max')):.3f}; branch "
+                f"outputs: ‖x_A‖ mean {layer_mean(last, 'attn'):.2f}, ‖x_M‖ mean {layer_mean(last, 'mlp'):.2f}")
+    return f"max |‖h‖−1| {max(layer_values(last, 'h_dist', 'max')):.2e}"
 
 
 @dataclass

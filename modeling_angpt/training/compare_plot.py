@@ -5,9 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-def _layer_values(norms: dict, quantity: str, stat: str) -> list[float]:
-    return [v for k, v in norms.items() if k.startswith(f"norm/{quantity}_{stat}/")]
+from .compare import layer_mean, layer_values
 
 
 def _plot_norms(ax, comparison, colors) -> None:
@@ -18,16 +16,16 @@ def _plot_norms(ax, comparison, colors) -> None:
         if not run.norms:
             continue
         tokens = [t for t, _ in run.norms]
-        if _layer_values(run.norms[0][1], "h", "mean"):
-            mean = [sum(v) / len(v) for v in (_layer_values(n, "h", "mean") for _, n in run.norms)]
-            ax.plot(tokens, mean, "-", color=color, lw=1.2, label=f"{run.architecture}: ‖h‖ mean")
-            ax.plot(tokens, [max(_layer_values(n, "h", "max")) for _, n in run.norms], ":", color=color, lw=1,
+        if layer_values(run.norms[0][1], "h", "mean"):
+            ax.plot(tokens, [layer_mean(n, "h") for _, n in run.norms], "-", color=color, lw=1.2,
+                    label=f"{run.architecture}: ‖h‖ mean")
+            ax.plot(tokens, [max(layer_values(n, "h", "max")) for _, n in run.norms], ":", color=color, lw=1,
                     label=f"{run.architecture}: ‖h‖ max")
             for quantity, style, name in (("attn", "--", "x_A"), ("mlp", "-.", "x_M")):
-                means = [sum(v) / len(v) for v in (_layer_values(n, quantity, "mean") for _, n in run.norms)]
-                ax.plot(tokens, means, style, color=color, lw=1, label=f"{run.architecture}: ‖{name}‖ mean")
+                ax.plot(tokens, [layer_mean(n, quantity) for _, n in run.norms], style, color=color, lw=1,
+                        label=f"{run.architecture}: ‖{name}‖ mean")
         else:
-            ax.plot(tokens, [1 + max(_layer_values(n, "h_dist", "max")) for _, n in run.norms], "--", color=color,
+            ax.plot(tokens, [1 + max(layer_values(n, "h_dist", "max")) for _, n in run.norms], "--", color=color,
                     lw=1, label=f"{run.architecture}: 1 + max |‖h‖−1|")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylabel("norm / derived norm")
