@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from .serving_requests import GENERATION_PATHS, REQUESTED_MAX_TOKENS, RequestError, check_body, parse_body
 
-OPEN_PATHS = ("/health", "/metrics")  # answered without the API key (vLLM's rule: monitors carry no key)
-
 
 @dataclass
 class GuardOptions:
@@ -50,23 +48,26 @@ class RequestGuard:
     def __init__(self, app, options: GuardOptions, model_manager):
         self.app, self.options, self.model_manager = app, options, model_manager
         self.in_flight = 0  # generation requests past the checks and not yet answered (the event loop's only)
+        # the Authorization header a caller with the key sends, built once rather than per request
+        self.authorization = None if options.api_key is None else f"Bearer {options.api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        if path == "/health":
+        if path == "/health":  # /health and /metrics need no API key (vLLM's rule: monitors carry no key)
             return await self.health(scope, receive, send)
         if path == "/metrics":
             return await self.metrics(scope, receive, send)
         try:
-            self.check_api_key(scope)
+            request_headers = dict(scope["headers"])
+            self.check_api_key(request_headers)
             if path not in GENERATION_PATHS or scope["method"] != "POST":
                 return await self.app(scope, receive, send)
             if self.in_flight >= self.options.max_concurrent_requests:
                 raise RequestError(429, f"the server holds {self.in_flight} requests already, its limit "
                                         "(--max-concurrent-requests): retry later", kind="rate_limit_error")
-            body = await self.read_body(scope, receive)
+            body = await self.read_body(request_headers, receive)
             requested = check_body(path, parse_body(body))
         except RequestError as error:
             headers = {"Retry-After": "1"} if error.status == 429 else None
@@ -78,27 +79,23 @@ class RequestGuard:
         finally:
             self.in_flight -= 1
 
-    def check_api_key(self, scope) -> None:
-        key = self.options.api_key
-        if key is None:
+    def check_api_key(self, headers: dict) -> None:
+        if self.authorization is None:
             return
-        headers = dict(scope["headers"])
         given = headers.get(b"authorization", b"").decode("latin-1")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        if not hmac.compare_digest(given.encode(), self.authorization):
             said = "no Authorization header" if not given else "a wrong API key"
             raise RequestError(401, f"{said}: send the server's key as 'Authorization: Bearer <key>' (--api-key)",
                                kind="authentication_error")
 
-    async def read_body(self, scope, receive) -> bytes:
+    async def read_body(self, headers: dict, receive) -> bytes:
         """The whole body, refused (413) past --max-request-bytes: at once when its Content-Length says so, else
         as soon as the bytes received pass it. (FastAPI's own `max_body_size` would answer in its `detail` form, and
         only once a route reads the body; the guard reads it anyway, to check its fields.)"""
         limit = self.options.max_request_bytes
-        length = dict(scope["headers"]).get(b"content-length")
-        too_large = RequestError(413, f"the request body is larger than the server's limit of {limit} bytes "
-                                      "(--max-request-bytes)")
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > limit:
-            raise too_large
+            raise self.too_large()
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -107,14 +104,20 @@ class RequestGuard:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > limit:
-                raise too_large
+                raise self.too_large()
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+    def too_large(self) -> RequestError:
+        return RequestError(413, f"the request body is larger than the server's limit of "
+                                 f"{self.options.max_request_bytes} bytes (--max-request-bytes)")
 
     async def within_time_limit(self, scope, receive, send) -> None:
         """The app, cancelled past --request-timeout: cancelling its task stops the generation (transformers'
         handlers send the worker a cancel, which frees the request's KV-cache blocks). A stream already started
         ends with an error event, as transformers' streams end on an error."""
+        if self.options.request_timeout is None:  # no limit: the app as it is, no watch on each message it sends
+            return await self.app(scope, receive, send)
         started = ended = False
 
         async def send_noting(message) -> None:
