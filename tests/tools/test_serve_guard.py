@@ -178,14 +178,6 @@ def test_a_full_server_answers_429_and_a_slow_request_504(server, expected):
     assert_served(client, model, expected)
 
 
-def model_process(server) -> psutil.Process:
-    """transformers' model process: the server's child spawned by multiprocessing (not its resource tracker)."""
-    children = [child for child in psutil.Process(server.pid).children(recursive=True)
-                if "spawn_main" in " ".join(child.cmdline())]
-    assert len(children) == 1, children
-    return children[0]
-
-
 @pytest.fixture(scope="module")
 def short_server(checkpoint):
     """A server of requests of at most SHORT tokens (--max-model-len), whose model's worker may restart once."""
