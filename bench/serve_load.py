@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import socket
@@ -33,9 +32,10 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy
 
 from results_file import help_description, machine_line
-from serve_soak import BODY_LIMIT, soak, streamed, upstream_check
+from serve_soak import BODY_LIMIT, drain, soak, streamed, upstream_check
 
 REPO = Path(__file__).resolve().parents[1]
 KEY = "sk-serve-load"
@@ -117,21 +117,13 @@ def stop(server: subprocess.Popen) -> None:
 
 
 async def load(base: str, model: str, prompts: list[str], concurrency: int, requests: int, new: int) -> dict:
-    queue = list(range(requests))
     results = []
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits,
-                                 headers={"Authorization": f"Bearer {KEY}"}) as client:
-        async def worker():
-            while queue:
-                index = queue.pop()
-                body = {"model": model, "prompt": prompts[index % len(prompts)], "max_tokens": new,
-                        "temperature": 0}
-                results.append(await streamed(client, body))
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - started
+    async def stream_one(client: httpx.AsyncClient, index: int) -> None:
+        body = {"model": model, "prompt": prompts[index % len(prompts)], "max_tokens": new, "temperature": 0}
+        results.append(await streamed(client, body))
+
+    wall = await drain(base, KEY, concurrency, 600, list(range(requests)), stream_one)
     done = [result for result in results if result["ok"]]
     ttft = [result["ttft"] for result in done if result["ttft"] is not None]
     latency = [result["latency"] for result in done]
@@ -141,12 +133,7 @@ async def load(base: str, model: str, prompts: list[str], concurrency: int, requ
 
 
 def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    rank = (len(values) - 1) * q / 100
-    low = int(rank)
-    return values[low] + (values[min(low + 1, len(values) - 1)] - values[low]) * (rank - low)
+    return float(numpy.percentile(values, q)) if values else float("nan")  # linear between ranks
 
 
 def median_of(runs: list[dict]) -> dict:

@@ -84,23 +84,34 @@ async def ask(client: httpx.AsyncClient, kind: str, model: str, prompt: str) -> 
     return answer.status_code == status
 
 
+async def drain(base: str, key: str, concurrency: int, timeout: float, jobs: list, handle) -> float:
+    """`await handle(client, job)` for each of `jobs` (taken from its end), `concurrency` at once, on one client that
+    sends the API key; the seconds they took (the load runs and the soak both ask this way)."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(base_url=base, timeout=timeout, limits=limits,
+                                 headers={"Authorization": f"Bearer {key}"}) as client:
+        async def worker():
+            while jobs:
+                await handle(client, jobs.pop())
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return time.perf_counter() - started
+
+
 async def run_mix(base: str, model: str, kinds: list[str], prompts: list[str], key: str) -> dict[str, int]:
     """Failures per kind."""
     failed = dict.fromkeys(set(kinds), 0)
-    pending = list(enumerate(kinds))
-    limits = httpx.Limits(max_connections=CONCURRENCY + 4)
-    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits,
-                                 headers={"Authorization": f"Bearer {key}"}) as client:
-        async def worker():
-            while pending:
-                index, kind = pending.pop()
-                try:
-                    ok = await ask(client, kind, model, prompts[index % len(prompts)])
-                except httpx.HTTPError:
-                    ok = False
-                failed[kind] += not ok
 
-        await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    async def ask_one(client: httpx.AsyncClient, job: tuple[int, str]) -> None:
+        index, kind = job
+        try:
+            ok = await ask(client, kind, model, prompts[index % len(prompts)])
+        except httpx.HTTPError:
+            ok = False
+        failed[kind] += not ok
+
+    await drain(base, key, CONCURRENCY, 300, list(enumerate(kinds)), ask_one)
     return failed
 
 
