@@ -47,6 +47,11 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def _shown(value) -> str:
+    """A field's value as the client sent it (JSON, its first 200 characters), or "none" when it is left out."""
+    return "none" if value is None else json.dumps(value)[:200]
+
+
 def _check_positive_integer(body: dict, name: str) -> int | None:
     value = body.get(name)
     if value is None:
@@ -76,7 +81,7 @@ def _check_stop(body: dict) -> None:
     if stop is None or isinstance(stop, str):
         return
     if not isinstance(stop, list) or not all(isinstance(item, str) for item in stop):
-        raise RequestError(400, f"stop: expected a string or a list of strings, got {json.dumps(stop)[:200]}", "stop")
+        raise RequestError(400, f"stop: expected a string or a list of strings, got {_shown(stop)}", "stop")
 
 
 def _check_input(path: str, body: dict) -> None:
@@ -84,20 +89,18 @@ def _check_input(path: str, body: dict) -> None:
     if path == COMPLETIONS:
         prompt = body.get("prompt")
         if not isinstance(prompt, str) or not prompt:
-            got = "none" if prompt is None else json.dumps(prompt)[:200]
-            raise RequestError(400, f"prompt: expected a non-empty string, got {got}", "prompt")
+            raise RequestError(400, f"prompt: expected a non-empty string, got {_shown(prompt)}", "prompt")
     elif path == CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            got = "none" if messages is None else json.dumps(messages)[:200]
-            raise RequestError(400, f"messages: expected a non-empty list of messages, got {got}", "messages")
+            raise RequestError(400, f"messages: expected a non-empty list of messages, got {_shown(messages)}",
+                               "messages")
         if not all(isinstance(message, dict) and isinstance(message.get("role"), str) for message in messages):
             raise RequestError(400, "messages: expected each message to be an object with a role", "messages")
     elif path == RESPONSES:
         given = body.get("input")
         if not isinstance(given, (str, list)) or not given:
-            got = "none" if given is None else json.dumps(given)[:200]
-            raise RequestError(400, f"input: expected a non-empty string or list, got {got}", "input")
+            raise RequestError(400, f"input: expected a non-empty string or list, got {_shown(given)}", "input")
 
 
 def parse_body(raw: bytes) -> dict:
