@@ -41,10 +41,25 @@ def probe(vocab_size: int) -> torch.Tensor:
     return (torch.arange(24).view(2, 12) * 7 + 3) % vocab_size
 
 
+def whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor gathered (every rank must call it); any other tensor as it is."""
+    return tensor.full_tensor() if type(tensor).__name__ == "DTensor" else tensor
+
+
 def full_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter whole (DTensors gathered: every rank must call it)."""
-    return {name: (p.full_tensor() if type(p).__name__ == "DTensor" else p).detach().clone().contiguous()
-            for name, p in model.named_parameters()}
+    """Every parameter whole."""
+    return {name: whole(p).detach().clone().contiguous() for name, p in model.named_parameters()}
+
+
+def load(case: Path, split: DistributedConfig | None = None) -> nn.Module:
+    """The case's checkpoint in float32, split across the processes by `split` (whole in each without it)."""
+    return AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split, dtype=torch.float32)
+
+
+def save_on_rank0(tensors: dict[str, torch.Tensor], path: Path, rank: int) -> None:
+    """What the test reads, written once (every rank holds the same whole tensors)."""
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path)
 
 
 def stretch_constrained(model: nn.Module) -> None:
@@ -70,31 +85,28 @@ def one_training_step(model: nn.Module, ids: torch.Tensor) -> float:
 
 def training_checks(case: Path, split: DistributedConfig, out: dict, report: dict) -> None:
     """The constraint alone on weights moved off it, then one training step, from fresh loads split by `split`."""
-    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split, dtype=torch.float32)
+    model = load(case, split)
     if hasattr(model, "constrained_matrices"):
         stretch_constrained(model)
         apply_weight_constraints(model)
         out.update({f"constrained.{k}": v for k, v in full_state(model).items()})
-        model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split,
-                                                     dtype=torch.float32)
+        model = load(case, split)
     report["loss"] = one_training_step(model, probe(model.config.vocab_size))
     out.update({f"stepped.{k}": v for k, v in full_state(model).items()})
-    out.update({f"grad.{name}": (p.grad.full_tensor() if type(p.grad).__name__ == "DTensor" else p.grad).clone()
-                for name, p in model.named_parameters()})
+    out.update({f"grad.{name}": whole(p.grad).clone() for name, p in model.named_parameters()})
 
 
 def two_dimensional_checks(case: Path, rank: int) -> dict:
     """Four processes: a 2-D mesh of FSDP2 (2) × tensor parallelism (2), training only."""
     out, report = {}, {}
     training_checks(case, DistributedConfig(tp_size=2, fsdp_size=2), out, report)
-    if rank == 0:
-        save_file({k: v.contiguous() for k, v in out.items()}, case / "two_dimensional.safetensors")
+    save_on_rank0(out, case / "two_dimensional.safetensors", rank)
     return report
 
 
 def tensor_parallel_checks(case: Path, training: bool, rank: int) -> dict:
     split = DistributedConfig(tp_size=2)
-    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=split, dtype=torch.float32)
+    model = load(case, split)
     ids = probe(model.config.vocab_size)
     sharded = sorted(name for name, p in model.named_parameters()
                      if type(p).__name__ == "DTensor" and any(pl.is_shard() for pl in p.placements))
@@ -106,37 +118,28 @@ def tensor_parallel_checks(case: Path, training: bool, rank: int) -> dict:
     report = {"sharded": sharded}
     if training:
         training_checks(case, split, out, report)
-    if rank == 0:
-        save_file({k: v.contiguous() for k, v in out.items()}, case / "tensor_parallel.safetensors")
+    save_on_rank0(out, case / "tensor_parallel.safetensors", rank)
     return report
 
 
 # --- vLLM's rule (its Transformers backend): only the nn.Linear modules the plan names are split --------------------
-class ColumnSplitLinear(nn.Module):
-    """Stands for vLLM's ColumnParallelLinear: this rank's slice of the output features; not an nn.Linear."""
+class SplitLinear(nn.Module):
+    """Stands for vLLM's ColumnParallelLinear (`dim` 0: this rank's slice of the output features) or RowParallelLinear
+    (`dim` 1: of the input features, the partial sums all-reduced); not an nn.Linear."""
 
-    def __init__(self, linear: nn.Linear, rank: int, world: int) -> None:
+    def __init__(self, linear: nn.Linear, rank: int, world: int, dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=0)[rank].clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
-
-
-class RowSplitLinear(nn.Module):
-    """Stands for vLLM's RowParallelLinear: this rank's slice of the input features, the partial sums all-reduced."""
-
-    def __init__(self, linear: nn.Linear, rank: int, world: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=1)[rank].clone())
+        self.dim = dim
+        self.weight = nn.Parameter(linear.weight.detach().chunk(world, dim=dim)[rank].clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         output = F.linear(x, self.weight)
-        dist.all_reduce(output)
+        if self.dim == 1:
+            dist.all_reduce(output)
         return output
 
 
-VLLM_LAYERS = {"colwise": ColumnSplitLinear, "rowwise": RowSplitLinear}
+VLLM_SPLIT_DIMS = {"colwise": 0, "rowwise": 1}
 
 
 def split_as_vllm(model: nn.Module, rank: int, world: int) -> list[str]:
@@ -151,35 +154,32 @@ def split_as_vllm(model: nn.Module, rank: int, world: int) -> list[str]:
         style = next((plan[key] for key in plan if re.match(key, name)), "replicate")
         if style == "replicate":
             continue
-        if style not in VLLM_LAYERS:
+        if style not in VLLM_SPLIT_DIMS:
             raise ValueError(f"vLLM: unsupported parallel style {style!r} for {name}")
         parent, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent), child, VLLM_LAYERS[style](module, rank, world))
+        setattr(model.get_submodule(parent), child, SplitLinear(module, rank, world, VLLM_SPLIT_DIMS[style]))
         split.append(name)
     return split
 
 
 def vllm_rule_checks(case: Path, rank: int) -> dict:
-    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", dtype=torch.float32).eval()
+    model = load(case).eval()
     split = split_as_vllm(model, rank, dist.get_world_size())
     try:
         with torch.no_grad():
             logits = model(input_ids=probe(model.config.vocab_size)).logits
     except ValueError as error:  # the same on both ranks, before any collective of the forward
         return {"vllm_split": split, "vllm_error": str(error)}
-    if rank == 0:
-        save_file({"logits": logits.contiguous()}, case / "vllm_rule.safetensors")
+    save_on_rank0({"logits": logits}, case / "vllm_rule.safetensors", rank)
     return {"vllm_split": split}
 
 
 def pipeline_checks(case: Path, rank: int) -> dict:
-    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", distributed_config=DistributedConfig(pp_size=2),
-                                                 dtype=torch.float32).eval()
+    model = load(case, DistributedConfig(pp_size=2)).eval()
     held = sorted({name.split(".")[2] for name, _ in model.named_parameters() if name.startswith("model.layers.")})
     with torch.no_grad():
         logits = model(input_ids=probe(model.config.vocab_size)).logits
-    if rank == 0:
-        save_file({"logits": logits.contiguous()}, case / "pipeline.safetensors")
+    save_on_rank0({"logits": logits}, case / "pipeline.safetensors", rank)
     return {f"stage{rank}_layers": held}
 
 
@@ -200,10 +200,9 @@ def main() -> None:
     work, two_dimensional = Path(sys.argv[1]), sys.argv[2:] == ["2d"]
     torch.manual_seed(0)
     cases = json.loads((work / "cases.json").read_text())
-    reports = {}
+    reports, rank = {}, int(os.environ["RANK"])
     for name, spec in cases.items():
         case = work / name
-        rank = int(os.environ["RANK"])
         if two_dimensional:
             reports[name] = two_dimensional_checks(case, rank)
             continue

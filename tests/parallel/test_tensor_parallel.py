@@ -102,6 +102,12 @@ def _one_process(work: Path, case: str):
     return AutoModelForCausalLM.from_pretrained(work / case / "checkpoint", dtype=torch.float32).eval()
 
 
+def _one_process_logits(work: Path, case: str) -> torch.Tensor:
+    model = _one_process(work, case)
+    with torch.no_grad():
+        return model(input_ids=probe(model.config.vocab_size)).logits
+
+
 def _record(case: str, check: str, delta: float) -> float:
     DELTAS[(case, check)] = delta
     return delta
@@ -209,9 +215,7 @@ def test_vllm_rule_split_only_the_linear_layers(split_runs, case):
     # every projection the plan names, and the folded nGPT's/anGPT's c_q (a linear layer, layers_angpt.Gain)
     per_layer = 8 if case.startswith(("ngpt_folded", "angpt_folded")) else 7
     assert len(report["vllm_split"]) == per_layer * 2 and "vllm_error" not in report  # 2 layers in every case
-    model = _one_process(work, case)
-    with torch.no_grad():
-        logits = model(input_ids=probe(model.config.vocab_size)).logits
+    logits = _one_process_logits(work, case)
     split = load_file(str(work / case / "vllm_rule.safetensors"))["logits"]
     assert _record(case, "vLLM-rule emulation", (split - logits).abs().max().item()) <= TOLERANCE
 
@@ -220,9 +224,7 @@ def test_vllm_rule_split_only_the_linear_layers(split_runs, case):
 def test_two_pipeline_stages_give_the_whole_models_logits(split_runs, case):
     work, reports = split_runs
     assert reports[0][case]["stage0_layers"] == ["0"] and reports[1][case]["stage1_layers"] == ["1"]
-    model = _one_process(work, case)
-    with torch.no_grad():
-        logits = model(input_ids=probe(model.config.vocab_size)).logits
+    logits = _one_process_logits(work, case)
     split = load_file(str(work / case / "pipeline.safetensors"))["logits"]
     assert _record(case, "pipeline split", (split - logits).abs().max().item()) <= TOLERANCE
 
