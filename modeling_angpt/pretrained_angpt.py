@@ -68,8 +68,10 @@ def rename_old_parameters(module: nn.Module, state_dict: dict, prefix: str, *arg
         for old, new in RENAMED_PARAMETERS.items():
             if key.endswith("." + old):
                 state_dict[key[:-len(old)] + new] = state_dict.pop(key)
-    for key in [key for key in state_dict if key.startswith(prefix) and _legacy_rule(key)]:
-        state_dict[key] = _legacy_rule(key)(state_dict[key])
+    for key in [key for key in state_dict if key.startswith(prefix)]:
+        rule = _legacy_rule(key)
+        if rule is not None:
+            state_dict[key] = rule(state_dict[key])
 
 
 LEGACY_SPLIT_ERROR = ("this folded checkpoint stores c_q (self_attn.query_gain) as a vector, as checkpoints saved "
