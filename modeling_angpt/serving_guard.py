@@ -126,10 +126,13 @@ class RequestGuard:
             ended |= message["type"] == "http.response.body" and not message.get("more_body", False)
             await send(message)
 
+        deadline = asyncio.timeout(self.options.request_timeout)
         try:
-            async with asyncio.timeout(self.options.request_timeout):
+            async with deadline:
                 await self.app(scope, receive, send_noting)
         except TimeoutError:
+            if not deadline.expired():  # a time-out of the app's own, not this limit: the app's error stays its own
+                raise
             error = RequestError(504, f"the request ran past the server's time limit of "
                                       f"{self.options.request_timeout:g} s (--request-timeout)", kind="timeout")
             if not started:
