@@ -32,10 +32,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, row_scale=None) -> torch.Tenso
 
 
 def is_plain_linear(module: nn.Module) -> bool:
-    """A bias-free `nn.Linear` exactly, holding a plain weight and no hooks: reading its `.weight` computes what
-    calling it would. Anything else (a PEFT LoRA layer, a bitsandbytes or torchao quantized layer, vLLM's layers,
-    an FSDP2 shard unit, a module with hooks) must be called, or it silently does nothing."""
-    return (type(module) is nn.Linear and module.bias is None and type(module.weight) is nn.Parameter
+    """A bias-free `nn.Linear` exactly (or a `Gain`, which adds nothing to it), holding a plain weight and no hooks:
+    reading its `.weight` computes what calling it would. Anything else (a PEFT LoRA layer, a bitsandbytes or
+    torchao quantized layer, vLLM's layers, an FSDP2 shard unit, a DTensor of a tensor-parallel plan, a module with
+    hooks) must be called, or it silently does nothing."""
+    return (type(module) in (nn.Linear, Gain) and module.bias is None and type(module.weight) is nn.Parameter
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
@@ -129,8 +130,11 @@ class Gain(nn.Linear):
 
 
 def gain_of(module: nn.Module, like: torch.Tensor) -> torch.Tensor:
-    """The gain a `Gain` holds (this rank's part when split), in the dtype of `like`: the module is called, as
-    whatever replaced it (vLLM's ColumnParallelLinear) must be; only the dtype of the one it is called on is read."""
+    """The gain a `Gain` holds (this rank's part when split), in the dtype of `like`: read off a plain one's weight,
+    else the module is called on a one, as whatever replaced or split it (vLLM's ColumnParallelLinear, transformers'
+    tensor-parallel hooks) must be (is_plain_linear)."""
+    if is_plain_linear(module):
+        return module.weight.view(-1).to(like.dtype)
     return module(like.new_ones(1, dtype=getattr(module, "weight", like).dtype)).to(like.dtype)
 
 
