@@ -122,8 +122,6 @@ class Gain(nn.Linear):
     of quantization (AnGPTPreTrainedModel._keep_in_fp32_modules). Checkpoints saved when c was a vector [size] load
     unchanged (pretrained_angpt.py, LEGACY_SHAPES)."""
 
-    not_a_matrix = True  # no weight constraint, no matrix init
-
     def __init__(self, size: int) -> None:
         super().__init__(1, size, bias=False)
         nn.init.ones_(self.weight)

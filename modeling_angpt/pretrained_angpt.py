@@ -318,7 +318,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         adapters, seen = set(map(id, _adapter_modules(self))), set()
         for module in self.modules():
             if (not isinstance(module, (nn.Linear, nn.Embedding)) or getattr(module, "task_head", False)
-                    or getattr(module, "not_a_matrix", False)
+                    or isinstance(module, Gain)  # a linear layer holding a gain, not a matrix
                     or id(module) in adapters or id(module.weight) in seen):  # a tied head shares the embedding's
                 continue
             seen.add(id(module.weight))
