@@ -19,6 +19,13 @@ def _model(architecture: str, folded: bool) -> AnGPTForCausalLM:
     return model.fold() if folded else model
 
 
+def _halve(attention: nn.Module, *names: str) -> None:
+    """Each named projection replaced by one of half its output features: one rank's part of a split."""
+    for name in names:
+        linear = getattr(attention, name)
+        setattr(attention, name, nn.Linear(linear.in_features, linear.out_features // 2, bias=False))
+
+
 @pytest.mark.parametrize("folded", [False, True], ids=["training", "folded"])
 @pytest.mark.parametrize("architecture", ["gptplus", "ngpt", "angpt"])
 def test_the_plan_splits_every_projection_and_every_scale_with_its_projection(architecture, folded):
@@ -70,9 +77,7 @@ def test_a_runtime_that_splits_q_proj_but_not_the_query_gain_is_told_in_one_line
     from modeling_angpt.modeling_angpt import QUERY_GAIN_UNSPLIT
 
     model = _model("angpt", True)
-    attention = model.model.layers[0].self_attn
-    half = nn.Linear(attention.q_proj.in_features, attention.q_proj.out_features // 2, bias=False)
-    attention.q_proj = half
+    _halve(model.model.layers[0].self_attn, "q_proj")
     with pytest.raises(ValueError, match="^" + re.escape(QUERY_GAIN_UNSPLIT)):
         model(input_ids=torch.arange(5)[None])
 
@@ -89,9 +94,7 @@ def test_logn_splits_its_per_head_scale_with_q_proj_and_a_runtime_that_does_not_
     assert plan["model.layers.*.self_attn.query_head_scale"] == plan["model.layers.*.self_attn.q_proj"] == "colwise"
     assert plan["model.layers.*.self_attn"] == "local_params"  # the attention runs on this rank's part of s_h
     attention = model.model.layers[0].self_attn
-    for name in ("q_proj", "k_proj", "v_proj"):  # split as vLLM would, s_h left whole
-        linear = getattr(attention, name)
-        setattr(attention, name, nn.Linear(linear.in_features, linear.out_features // 2, bias=False))
+    _halve(attention, "q_proj", "k_proj", "v_proj")  # split as vLLM would, s_h left whole
     attention.qk_scale.weight = nn.Parameter(attention.qk_scale.weight[: attention.qk_scale.weight.numel() // 2])
     with pytest.raises(ValueError, match="^" + re.escape(QUERY_HEAD_SCALE_UNSPLIT)):
         model(input_ids=torch.arange(5)[None])
@@ -104,10 +107,7 @@ def test_alibi_under_a_split_is_refused_in_one_line():
     from modeling_angpt.modeling_angpt import HEAD_VALUES_UNSPLIT
 
     model = AnGPTForCausalLM(AnGPTConfig(architecture="gptplus", attention_logit_transform="alibi", **SHAPE)).eval()
-    attention = model.model.layers[0].self_attn
-    for name in ("q_proj", "k_proj", "v_proj"):
-        linear = getattr(attention, name)
-        setattr(attention, name, nn.Linear(linear.in_features, linear.out_features // 2, bias=False))
+    _halve(model.model.layers[0].self_attn, "q_proj", "k_proj", "v_proj")
     with pytest.raises(ValueError) as refused:
         model(input_ids=torch.arange(5)[None])
     assert str(refused.value) == f"attention_logit_transform='alibi': {HEAD_VALUES_UNSPLIT}"
