@@ -48,6 +48,7 @@ class NormProbe:
         inner = getattr(model, "model", model)
         self.layers = list(getattr(inner, "layers", []))
         self.handles = []
+        self.eager = None  # torch.compiler's stance for the probed evaluation (see __enter__)
         self.stats = {}  # key -> (sum, count, max); sum and max stay on the device: a hook never waits for it
 
     def _add(self, key: str, values: torch.Tensor) -> None:
@@ -72,12 +73,20 @@ class NormProbe:
                 for name, module in (("attn", layer.attn_residual), ("mlp", layer.mlp_residual)):
                     hook = self._hook(f"{name}/layer{index}", probe["branches"], 1, 2)
                     self.handles.append(module.register_forward_pre_hook(hook))
+        if self.handles:
+            # Blocks compiled by `torch_compile` would not run hooks added to modules inside them (dynamo does not
+            # guard on hooks registered after it traced), so the probed evaluation runs them eagerly.
+            self.eager = torch.compiler.set_stance("force_eager")
+            self.eager.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles = []
+        if self.eager is not None:
+            self.eager.__exit__(*exc)
+            self.eager = None
 
     def summary(self, accelerator) -> dict[str, float]:
         """Mean and max per quantity and layer over every process's evaluation batches (every rank must call it)."""

@@ -96,3 +96,22 @@ def test_ngpt_reports_the_distance_from_the_unit_sphere_and_gptplus_nothing():
     with NormProbe(model) as probe, torch.no_grad():
         model(input_ids=ids)
     assert probe.summary(OneProcess()) == {}
+
+
+def test_compiled_blocks_report_the_same_norms_as_eager_ones():
+    """With `torch_compile`'s regional compilation (compile_blocks) the probed evaluation still sees every hooked
+    module: the same summary as the uncompiled model."""
+    from modeling_angpt.training.model_setup import compile_blocks
+
+    eager, compiled = _model("angpt"), _model("angpt")
+    compile_blocks(compiled, backend="aot_eager")
+    ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        compiled(input_ids=ids)  # traced before the probe, as training steps come before an evaluation
+    summaries = []
+    for model in (eager, compiled):
+        with NormProbe(model) as probe, torch.no_grad():
+            model(input_ids=ids)
+        summaries.append(probe.summary(OneProcess()))
+    assert set(summaries[1]) == set(summaries[0]) and len(summaries[0]) == 2 * 3 * 3
+    assert all(summaries[1][key] == pytest.approx(value, rel=1e-5) for key, value in summaries[0].items())
