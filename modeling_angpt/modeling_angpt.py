@@ -77,10 +77,10 @@ class AnGPTAttention(nn.Module):
         batch, length, _ = hidden_states.shape
         # -1 heads: under a tensor-parallel plan each rank holds a whole number of heads (docs/architectures.md,
         # "Tensor and pipeline parallelism"), and every per-channel scale below comes split the same way
-        heads, kv_heads = (batch, length, -1, self.head_dim), (batch, length, -1, self.head_dim)
+        heads = (batch, length, -1, self.head_dim)
         query = self.q_norm(self.q_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h, t, d_h]
-        key = self.k_norm(self.k_proj(hidden_states).view(kv_heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
-        value = project(self.v_proj, hidden_states, self.nu_v).view(kv_heads).transpose(1, 2)
+        key = self.k_norm(self.k_proj(hidden_states).view(heads)).transpose(1, 2)  # [b, h_kv, t, d_h]
+        value = project(self.v_proj, hidden_states, self.nu_v).view(heads).transpose(1, 2)
         if position_embeddings is not None:
             query, key = apply_rotary(query, key, *position_embeddings)
         if self.qk_scale is not None:  # s_qk after RoPE: one per key channel, shared by the query heads reading it
