@@ -226,7 +226,7 @@ class _Folded:
     def constrain(self, weight, residual_output):
         raise RuntimeError(FOLDED_TRAINING_ERROR)
 
-    def constrain_all(self, matrices, reduce_group=None, shard_dim=0):
+    def constrain_all(self, matrices, reduce_group=None):
         raise RuntimeError(FOLDED_TRAINING_ERROR)
 
     def optimizer_param_groups(self, model, weight_decay):
