@@ -1,5 +1,5 @@
 """`angpt compare RUN_DIR [RUN_DIR...] [--target-loss X] [--output FILE.png] [--log-tokens]`: parse, call
-`modeling_angpt.training.compare.compare_runs`, print the table (docs/training.md, "Comparing runs")."""
+`modeling_angpt.training.compare_plot.compare_runs`, print the table (docs/training.md, "Comparing runs")."""
 from __future__ import annotations
 
 import argparse
@@ -39,7 +39,8 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.compare import CompareError, compare_runs
+    from ..training.compare import CompareError
+    from ..training.compare_plot import compare_runs
 
     try:
         comparison = compare_runs(args.run_dirs, args.target_loss, args.output, args.log_tokens)

@@ -1,10 +1,10 @@
 """Compare training runs: loss against tokens seen, tokens to a target loss, token ratios (docs/training.md,
 "Comparing runs").
 
-`compare_runs(run_dirs, target_loss, output)` reads each run directory's recipe.json, model_config.json and
-metrics.jsonl (nothing else, so unfinished and killed runs compare too), refuses runs whose losses do not compare
-(another tokenizer or another validation set), and writes a figure (figure in compare_plot.py) and a Markdown table
-beside it. The papers' claim, read off the user's own runs: how many tokens each run needs to reach a target
+`compare(run_dirs, target_loss)` reads each run directory's recipe.json, model_config.json and metrics.jsonl
+(nothing else, so unfinished and killed runs compare too) and refuses runs whose losses do not compare (another
+tokenizer or another validation set); `compare_plot.compare_runs` also writes the figure and a Markdown table beside
+it. The papers' claim, read off the user's own runs: how many tokens each run needs to reach a target
 validation loss, and the ratio to the first run's tokens.
 
 Tokens to reach the target: the first evaluation whose validation loss is at or below the target, linearly
@@ -218,16 +218,3 @@ def compare(run_dirs: list, target_loss: float | None = None) -> Comparison:
         rows.append(dict(label=run.label, path=str(run.path), final_val=run.final_val, tokens=tokens, ratio=ratio,
                          norms=norm_summary(run)))
     return Comparison(runs, target, rows)
-
-
-def compare_runs(run_dirs: list, target_loss: float | None = None, output: Path = Path("compare.png"),
-                 log_tokens: bool = False) -> Comparison:
-    """The comparison, its figure at `output` and its table as Markdown beside it (same name, .md)."""
-    from .compare_plot import plot_comparison
-
-    comparison = compare(run_dirs, target_loss)
-    output = Path(output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    plot_comparison(comparison, output, log_tokens)
-    output.with_suffix(".md").write_text(comparison.markdown())
-    return comparison

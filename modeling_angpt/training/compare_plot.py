@@ -1,11 +1,12 @@
-"""The figure of `angpt compare` (compare.py): training and validation loss against tokens seen, the target loss
-with where each run reaches it, and, when any run logged them, a small panel of the norms its architecture's
-constants assume (docs/architectures.md, "Watching the norms during training")."""
+"""The figure of `angpt compare`: training and validation loss against tokens seen, the target loss with where each
+run reaches it, and, when any run logged them, a small panel of the norms its architecture's constants assume
+(docs/architectures.md, "Watching the norms during training"). compare.py computes what it shows; `compare_runs`
+writes the figure and the table."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from .compare import layer_mean, layer_values
+from .compare import Comparison, compare, layer_mean, layer_values
 
 
 def _plot_norms(ax, comparison, colors) -> None:
@@ -66,3 +67,14 @@ def plot_comparison(comparison, output: Path, log_tokens: bool = False) -> Path:
     fig.savefig(output, dpi=120)
     plt.close(fig)
     return Path(output)
+
+
+def compare_runs(run_dirs: list, target_loss: float | None = None, output: Path = Path("compare.png"),
+                 log_tokens: bool = False) -> Comparison:
+    """The comparison, its figure at `output` and its table as Markdown beside it (same name, .md)."""
+    comparison = compare(run_dirs, target_loss)
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    plot_comparison(comparison, output, log_tokens)
+    output.with_suffix(".md").write_text(comparison.markdown())
+    return comparison
