@@ -1,8 +1,10 @@
-"""`angpt train RECIPE.yaml [--override KEY=VALUE ...] [--resume | --overwrite]`: parse, validate, call
+"""`angpt train RECIPE.yaml [--override KEY=VALUE ...] [--resume [auto] | --overwrite]`: parse, validate, call
 `modeling_angpt.training.train`, report.
 
 Errors a user can fix (missing file, bad key, unknown architecture, a used output_dir, a checkpoint of another
-run, non-finite loss) are printed as one line on stderr with exit status 2, instead of a traceback."""
+run, non-finite loss) are printed as one line on stderr with exit status 2, instead of a traceback. A run stopped by
+a scheduler's signal exits with preemption.PREEMPTED_EXIT_CODE (75) after its checkpoint, a run that lost a rank with
+rank_watch.LOST_RANK_EXIT_CODE (3) (docs/training.md)."""
 from __future__ import annotations
 
 import argparse
@@ -16,7 +18,9 @@ from . import CommandError
 
 DESCRIPTION = """Train anGPT, nGPT or GPT+ from a recipe (a YAML file of the keys listed below; every key not in
 the file takes its default). The run writes into the recipe's output_dir, which must be empty for a new run:
---resume continues the newest checkpoint there, --overwrite replaces a previous run there. Validation is capped by
+--resume continues the newest checkpoint there (--resume auto: if there is one, else it starts the run: one command
+line for every start of a requeued job), --overwrite replaces a previous run there. SIGTERM (or the recipe's
+preemption_signal) stops the run with a checkpoint of the step reached, exit status 75. Validation is capped by
 default (eval_max_batches below; a stream's validation_blocks), so its cost does not grow with the corpus.
 Several processes:
 accelerate launch --config_file configuration/accelerate/cpu_2proc.yaml -m modeling_angpt.cli train ..."""
@@ -57,9 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a recipe key (repeatable); values parse as YAML, e.g. bf16=true, "
                              "report_to=[jsonl], model_kwargs.attention_sparsity=topk")
     mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true",
-                      help="continue from the newest checkpoint in output_dir (its recipe and model config must "
-                           "match; max_steps, logging/eval/save frequencies and bf16 may change)")
+    mode.add_argument("--resume", nargs="?", const=True, default=False, choices=["auto"], metavar="auto",
+                      help="continue from the newest complete checkpoint in output_dir (its recipe and model config "
+                           "must match; max_steps, logging/eval/save frequencies, bf16, and the per-device batch and "
+                           "accumulation that keep the global batch may change); `--resume auto` starts the run when "
+                           "there is no checkpoint yet")
     mode.add_argument("--overwrite", action="store_true",
                       help="replace the previous run in output_dir (only if it is an angpt run directory; "
                            "other files there are kept)")
@@ -84,12 +90,15 @@ def validate(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..training.loop import NonFiniteLossError, train
+    from ..training.preemption import PREEMPTED_EXIT_CODE, Preempted
     from ..training.rank_watch import LOST_RANK_EXIT_CODE, is_collective_failure, resume_command
     from ..training.recipe import load_recipe
 
     try:
         recipe = load_recipe(args.recipe, args.override)
         result = train(recipe, resume=args.resume, overwrite=args.overwrite)
+    except Preempted:  # the checkpoint is written and the line printed (preemption.announce)
+        return PREEMPTED_EXIT_CODE
     except (OSError, ValueError, NonFiniteLossError) as error:  # OSError: missing files, Hub unreachable
         message = str(error).strip().replace("\n", " ") or type(error).__name__
         print(f"angpt train: error: {message}", file=sys.stderr)

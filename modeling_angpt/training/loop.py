@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..hub import save_pretrained
-from . import run_dir
+from . import checkpoints, run_dir
 from .corpus import resolve_source
 from .data import build_datasets, needle_datasets, scored_validation_blocks
 from .train_loader import batch_stream, data_epoch, loader_state, make_train_loader
@@ -31,8 +31,10 @@ from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training
 from .model_setup import (apply_constraints, architecture_defaults, blow_up_knobs, build_config, build_model,
                           compile_blocks)
 from .norm_health import NormProbe
+from .preemption import Preempted, announce, stop_on_signals
+from .resume import geometry, load_checkpoint
 from .optim import build_optimizer, build_scheduler
-from .rank_watch import watch_ranks
+from .rank_watch import resume_command, watch_ranks
 from .recipe import Recipe
 from .trackers import check_installed, finish_trackers, start_trackers
 
@@ -90,7 +92,7 @@ def evaluate(accelerator, model, val_loader, max_batches: int | None) -> float:
 
 def check_finite(what: str, value: float, step: int, output_dir: Path, run: "Run | None" = None) -> None:
     if not math.isfinite(value):
-        last = run_dir.latest_checkpoint(output_dir)
+        last = checkpoints.latest_checkpoint(output_dir)
         knobs = blow_up_knobs(run.raw_model, run.optimizer) if run is not None else ""  # what to turn
         raise NonFiniteLossError(
             f"non-finite {what} ({value}) at step {step}{' with ' + knobs if knobs else ''}; stopped without saving. "
@@ -98,9 +100,10 @@ def check_finite(what: str, value: float, step: int, output_dir: Path, run: "Run
             f"{last if last else 'none (no checkpoint was saved yet)'}", step)
 
 
-def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.Tensor:
+def accumulate_gradients(accelerator, model, batches, recipe: Recipe, stop=False) -> tuple[torch.Tensor, bool]:
     """Forward/backward over the micro-batches of one optimiser step; gradients are all-reduced only on
-    the last one. Returns the loss averaged over micro-batches and ranks (the same value on every rank)."""
+    the last one. Returns the loss averaged over micro-batches and ranks (the same value on every rank), and
+    whether any rank's `stop` flag was set: it travels in the same reduction (preemption.py)."""
     ga = recipe.gradient_accumulation_steps
     losses = []
     for i, batch in enumerate(batches):
@@ -110,8 +113,9 @@ def accumulate_gradients(accelerator, model, batches, recipe: Recipe) -> torch.T
             loss = model(input_ids=ids, labels=batch.get("labels", ids)).loss
             accelerator.backward(loss / ga)
         losses.append(loss.detach())
-    mean_loss = accelerator.reduce(torch.stack(losses).mean(), reduction="mean")
-    return mean_loss
+    mean = torch.stack(losses).float().mean()
+    reduced = accelerator.reduce(torch.stack([mean, mean.new_tensor(1.0 if stop else 0.0)]), reduction="mean")
+    return reduced[0], bool(reduced[1] > 0)
 
 
 @dataclass
@@ -128,9 +132,10 @@ class Run:
     val_dl: object
     data_info: dict
     stream: object = None  # the batch iterator (batch_stream), set when the loop starts
+    stop: object = False   # preemption.StopFlag: set by a signal, read at every step boundary
 
 
-def preflight(recipe: Recipe, resume: bool, overwrite: bool = False):
+def preflight(recipe: Recipe, resume: bool | str, overwrite: bool = False):
     """Everything that can be checked cheaply, before any data or model work (so bad inputs fail fast);
     the output directory's rules are in run_dir.py (runs never mix)."""
     check_launch_environment()
@@ -159,22 +164,20 @@ def build_run(recipe: Recipe, source, config) -> Run:
         compile_blocks(model, recipe.torch_compile_mode)
     optimizer = build_optimizer(model, recipe)
     scheduler = build_scheduler(optimizer, recipe)
-    train_dl, accelerate_shards = make_train_loader(recipe, accelerator, train_ds)  # train_loader.py
+    train_dl = make_train_loader(recipe, accelerator, train_ds)  # this process's slice of each global batch
     val_dl = torch.utils.data.DataLoader(val_ds, batch_size=recipe.per_device_eval_batch_size)
-    # prepared in the order earlier versions used (accelerate saves each prepared loader's sampler by position)
-    loaders = [train_dl, val_dl] if accelerate_shards else [val_dl]
-    model, optimizer, *loaders, scheduler = accelerator.prepare(model, optimizer, *loaders, scheduler)
-    train_dl, val_dl = loaders if accelerate_shards else (train_dl, loaders[0])
+    model, optimizer, val_dl, scheduler = accelerator.prepare(model, optimizer, val_dl, scheduler)
     return Run(recipe, accelerator, tokenizer, model, accelerator.unwrap_model(model), optimizer, scheduler,
                 train_dl, val_dl, data_info)
 
 
-def _optimizer_step(run: Run, step: int) -> tuple[float, float, float]:
+def _optimizer_step(run: Run, step: int) -> tuple[float, float, float, bool]:
     """One optimiser step: gradients, finiteness check, clip, step, constraint, schedule.
-    Returns (loss, grad norm, learning rate used)."""
+    Returns (loss, grad norm, learning rate used, whether a rank was signalled to stop after it)."""
     recipe, acc = run.recipe, run.accelerator
     micro = [next(run.stream) for _ in range(recipe.gradient_accumulation_steps)]
-    loss = float(accumulate_gradients(acc, run.model, micro, recipe))
+    loss, stop = accumulate_gradients(acc, run.model, micro, recipe, bool(run.stop))
+    loss = float(loss)
     check_finite("training loss", loss, step, Path(recipe.output_dir), run)  # before the step: no bad update
     grad_norm = float(acc.clip_grad_norm_(run.model.parameters(), recipe.max_grad_norm))
     check_finite("gradient norm", grad_norm, step, Path(recipe.output_dir), run)
@@ -183,37 +186,49 @@ def _optimizer_step(run: Run, step: int) -> tuple[float, float, float]:
     apply_constraints(run.raw_model)  # after the accelerate-wrapped step, on every rank
     run.scheduler.step()
     run.optimizer.zero_grad(set_to_none=True)
-    return loss, grad_norm, lr
+    return loss, grad_norm, lr, stop
 
 
-def train(recipe: Recipe, resume: bool = False, stop_after_steps: int | None = None,
+def train(recipe: Recipe, resume: bool | str = False, stop_after_steps: int | None = None,
           overwrite: bool = False) -> TrainResult:
-    """Train as the recipe says. `resume` continues from the newest checkpoint in output_dir (refused if that
-    run's recipe or model config differs); `overwrite` first deletes a previous run there; without either the
-    output_dir must be empty (run_dir.py). A directory another live process is training in is refused whatever
-    the flags (run_dir.hold). `stop_after_steps` ends the run after that step's checkpoint logic without the final
-    save, exactly as a job killed there would (preemption drills and the resume test)."""
-    with run_dir.hold(recipe.output_dir, enabled=run_dir.is_main_rank()):
-        return _train(recipe, resume, stop_after_steps, overwrite)
+    """Train as the recipe says. `resume` continues from the newest complete checkpoint in output_dir (refused if
+    that run's recipe or model config differs), `resume="auto"` does so when there is one and starts the run
+    otherwise; `overwrite` first deletes a previous run there; without either the output_dir must be empty
+    (run_dir.py). A directory another live process is training in is refused whatever the flags (run_dir.hold).
+    SIGTERM, or the recipe's `preemption_signal`, ends the run at the next step with a checkpoint of that step and
+    raises `Preempted` (preemption.py). `stop_after_steps` ends the run after that step's checkpoint logic without
+    the final save, exactly as a job killed there would (preemption drills and the resume test)."""
+    with run_dir.hold(recipe.output_dir, enabled=run_dir.is_main_rank()), \
+            stop_on_signals(recipe.preemption_signal) as stop:
+        return _train(recipe, resume, stop_after_steps, overwrite, stop)
 
 
-def _train(recipe: Recipe, resume: bool, stop_after_steps: int | None, overwrite: bool) -> TrainResult:
-    source, config, resume_from = preflight(recipe, resume, overwrite)
+def _train(recipe: Recipe, resume: bool | str, stop_after_steps: int | None, overwrite: bool, stop) -> TrainResult:
+    source, config, candidates = preflight(recipe, resume, overwrite)
     model_config = run_dir.comparable_config(config)
     run = build_run(recipe, source, config)
+    run.stop = stop
     with watch_ranks(run.accelerator, recipe.output_dir):  # a lost rank stops the run in one line (rank_watch.py)
-        return _train_built(run, model_config, resume_from, stop_after_steps)
+        return _train_built(run, model_config, candidates, stop_after_steps)
 
 
-def _train_built(run: Run, model_config, resume_from, stop_after_steps: int | None) -> TrainResult:
+def _resume(run: Run, candidates: list[Path]) -> dict:
+    """The state of the newest checkpoint that loads (checkpoints.load_newest), in this launch's batch geometry."""
+    acc = run.accelerator
+    path, state = checkpoints.load_newest(
+        acc, candidates, lambda a, p: load_checkpoint(a, p, geometry(run.recipe, a.num_processes)))
+    data_state = checkpoints.data_state_file(path, acc.process_index)
+    if data_state.is_file():
+        run.train_dl.load_state_dict(torch.load(data_state, weights_only=False))
+    acc.print(f"resumed from {path} at step {state['step']}")
+    return state
+
+
+def _train_built(run: Run, model_config, candidates: list[Path], stop_after_steps: int | None) -> TrainResult:
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(run.recipe.output_dir)
-    state = {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [], "num_processes": acc.num_processes}
-    if resume_from is not None:
-        state = run_dir.load_checkpoint(acc, resume_from)
-        data_state = run_dir.load_data_state(acc, resume_from)
-        if data_state is not None:
-            run.train_dl.load_state_dict(data_state)
-        acc.print(f"resumed from {resume_from} at step {state['step']}")
+    resume_from = _resume(run, candidates) if candidates else None
+    state = resume_from or {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [],
+                            **geometry(recipe, acc.num_processes), "fsdp": str(acc.distributed_type).endswith("FSDP")}
     start_step = state["step"]
     resume_step = start_step if resume_from is not None else None
     start_trackers(acc, recipe, output_dir, resume_step)  # first: a tracker that cannot start leaves no run behind
@@ -265,7 +280,7 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
     with bar:
         while state["step"] < recipe.max_steps:
             step = state["step"] + 1
-            loss, grad_norm, lr = _optimizer_step(run, step)
+            loss, grad_norm, lr, stop = _optimizer_step(run, step)
             state.update(step=step, batches=state["batches"] + recipe.gradient_accumulation_steps,
                          tokens=state["tokens"] + tokens_per_step)
             state["losses"].append(loss)
@@ -280,13 +295,24 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
                 window_start, window_steps = time.perf_counter(), 0
             if recipe.eval_steps > 0 and (step % recipe.eval_steps == 0 or step == recipe.max_steps):
                 run_eval(step)
-            if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps:
-                # The RNG states themselves are in save_state's random_states_<rank>.pkl.
-                state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
-                                "sampler_epoch": data_epoch(run.train_dl, state["batches"])}
-                run_dir.save_checkpoint(acc, output_dir, state, recipe.save_total_limit, loader_state(run.train_dl))
+            if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps or stop:
+                saved = _save(run, state)
+            if stop:  # every rank learnt it in this step's loss reduction (preemption.py)
+                announce(acc, step, run.stop.signal_name or "a stop signal on another rank", saved,
+                         resume_command())
+                raise Preempted(step, run.stop.signal_name or "a stop signal on another rank", saved)
             if stop_after_steps is not None and step >= stop_after_steps:
                 return
+
+
+def _save(run: Run, state: dict) -> Path:
+    """The checkpoint of the step reached (checkpoints.py); the RNG states themselves are in save_state's
+    random_states_<rank>.pkl."""
+    recipe = run.recipe
+    state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
+                    "sampler_epoch": data_epoch(run.train_dl, state["batches"])}
+    return checkpoints.save_checkpoint(run.accelerator, Path(recipe.output_dir), state, recipe.save_total_limit,
+                                       loader_state(run.train_dl))
 
 
 def save_final(accelerator, model, tokenizer, recipe: Recipe, state: dict, data_info: dict) -> Path:

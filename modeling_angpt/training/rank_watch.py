@@ -36,8 +36,14 @@ def resume_command(argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     if "train" not in argv:
         return "train(recipe, resume=True) in the same launch"
-    args = [arg for arg in argv[argv.index("train") + 1:] if arg not in ("--overwrite", "--resume")]
-    return "angpt train " + " ".join(shlex.quote(arg) for arg in args + ["--resume"])
+    args, resume = argv[argv.index("train") + 1:], "--resume"
+    for i, arg in enumerate(args):  # `--resume auto` (the one command line of every start) stays as it was
+        if arg in ("--resume=auto", "--resume") and (arg.endswith("auto") or args[i + 1:i + 2] == ["auto"]):
+            resume = "--resume auto"
+            args = args[:i] + args[i + (1 if arg.endswith("auto") else 2):]
+            break
+    args = [arg for arg in args if arg not in ("--overwrite", "--resume")]
+    return "angpt train " + " ".join(shlex.quote(arg) for arg in args) + " " + resume
 
 
 class RankWatch:

@@ -114,6 +114,8 @@ class Recipe:
     eval_steps: int = _key(100, "validation loss every N steps and at the end; 0 = never")
     save_steps: int = _key(500, "checkpoint every N steps (and at the end); 0 = only at the end")
     save_total_limit: int | None = _key(2, "keep the newest N checkpoints; None or 0 keeps all")
+    preemption_signal: str | None = _key(None, "besides SIGTERM, a signal that stops the run with a checkpoint of the "
+                                               "step reached (SLURM's --signal, e.g. SIGUSR1)")
     report_to: list = _key(help="jsonl (metrics.jsonl), none, all, or any of Accelerate's trackers: tensorboard, wandb, "
                                 "mlflow, trackio, aim, swanlab, dvclive, comet_ml, clearml",
                            factory=lambda: ["tensorboard", "jsonl"])

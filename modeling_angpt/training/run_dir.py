@@ -8,12 +8,16 @@ model_config.json first, then metrics, the trackers' files, checkpoints/, final/
 - `overwrite=True` (`angpt train --overwrite`) first deletes a previous run's entries, and only when the
   directory is recognisably a run directory (it has recipe.json); other files in it are left alone, and a
   non-empty directory that is not a run directory is refused, so a typo in `output_dir` cannot delete data;
-- `resume=True` (`angpt train --resume`) continues the newest checkpoint only if the command's recipe and
+- `resume=True` (`angpt train --resume`) continues the newest complete checkpoint only if the command's recipe and
   model config are those of the run that wrote it. Keys that only steer the run's bookkeeping or speed may
   differ (`RESUMABLE_KEYS`): `max_steps` (continue further, or stop earlier; the learning-rate schedule is
   recomputed for the new length, so a cosine schedule is stretched from the resumed step on), logging,
   evaluation and checkpoint frequencies, `bf16`, `gradient_checkpointing`, the data cache location and
-  similar. Any other difference is refused, naming each differing key.
+  similar, and the per-device batch and accumulation when the global batch stays (resume.py). Any other
+  difference is refused, naming each differing key;
+- `resume="auto"` (`--resume auto`) resumes as `resume=True` when the directory holds a checkpoint, and otherwise
+  starts the run: in an empty directory, or in one where this same run (the same recipe and model config) was
+  started and stopped before its first checkpoint, whose files it replaces, saying so in one line.
 
 The lock (`hold`). The rules look only at the files there: a second process given the same directory while the
 first is still writing (a second `angpt train --resume`, or workers of a killed benchmark that live on) would pass
@@ -23,11 +27,8 @@ process holds it. The kernel drops the lock when its holder exits, however it ex
 behind. It is advisory and best effort: where the platform or file system has no `flock` on directories (Windows,
 some network file systems), runs go on unguarded. The semantic-focus protocol holds its directories with it too.
 
-Checkpoints (`save_checkpoint`, `load_checkpoint`). A checkpoint is OUTPUT_DIR/checkpoints/step_XXXXXXX holding what
-`Accelerator.save_state` writes (model, optimizer, scheduler, every rank's RNG states) plus trainer_state.json (step,
-batches consumed, data epoch, loss history) and, for a stream, each rank's position in it (data_state_<rank>.pt). It
-is first written to a hidden temp dir and renamed into place (os.replace is atomic on POSIX), so a run killed while
-saving never leaves a half checkpoint that --resume would pick.
+Checkpoints are written and found by checkpoints.py; `--resume` starts from the newest complete one there, and
+`--resume auto` (the one command line of every start of a requeued job) starts a new run where there is none yet.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import errno
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 try:
@@ -52,7 +54,9 @@ RUN_LAYOUT = (RECIPE_FILE, MODEL_CONFIG_FILE, "metrics.jsonl", "loss_curve.png",
 RESUMABLE_KEYS = frozenset({
     "output_dir", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit", "report_to",
     "disable_tqdm", "dataloader_num_workers", "eval_max_batches", "per_device_eval_batch_size", "peak_flops",
-    "data_cache_dir", "bf16", "gradient_checkpointing"})
+    "data_cache_dir", "bf16", "gradient_checkpointing", "preemption_signal",
+    # the batch geometry may change as long as the global batch stays (resume.check_geometry)
+    "per_device_train_batch_size", "gradient_accumulation_steps"})
 RESUMABLE_PREFIXES = ("torch_compile",)  # compilation settings change speed, not the math
 # Config fields that follow from the tokenizer (compared through the recipe) or from the library version.
 IGNORED_CONFIG_KEYS = frozenset({"vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "transformers_version",
@@ -104,14 +108,11 @@ def _resumable(key: str) -> bool:
     return key in RESUMABLE_KEYS or key.startswith(RESUMABLE_PREFIXES)
 
 
-def check_resume(output_dir: Path, recipe, config) -> Path:
-    """The checkpoint to resume from, after checking that it belongs to this recipe and model config."""
-    resume_from = latest_checkpoint(output_dir)
-    if resume_from is None:
-        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints_root(output_dir)}")
+def _check_same_run(output_dir: Path, recipe, config, what: str) -> None:
+    """Refuse, naming each differing key, when the run recorded in output_dir is not this recipe's."""
     recorded = output_dir / RECIPE_FILE
     if not recorded.is_file():
-        raise RunDirError(f"--resume: {output_dir} has checkpoints but no {RECIPE_FILE}, so the run that wrote "
+        raise RunDirError(f"--resume: {output_dir} has {what} but no {RECIPE_FILE}, so the run that wrote "
                           "them cannot be checked against this recipe; start a new run in another output_dir")
     from .recipe import Recipe
 
@@ -125,27 +126,63 @@ def check_resume(output_dir: Path, recipe, config) -> Path:
         problems += [f"model config {p}" for p in
                      differences(json.loads(recorded_config.read_text()), comparable_config(config))]
     if problems:
-        raise RunDirError(f"--resume: {resume_from} was written by a different run ({'; '.join(problems)}); "
+        raise RunDirError(f"--resume: {output_dir} ({what}) was written by a different run ({'; '.join(problems)}); "
                           "resume with that run's recipe, or start over with --overwrite or another output_dir")
-    return resume_from
 
 
-def prepare_output_dir(recipe, config, resume: bool = False, overwrite: bool = False) -> Path | None:
+def check_resume(output_dir: Path, recipe, config) -> list[Path]:
+    """The checkpoints to resume from, newest complete first (checkpoints.resume_candidates names each newer
+    incomplete one), after checking that they belong to this recipe and model config and that this launch can
+    continue their batches (resume.check_geometry)."""
+    from .checkpoints import checkpoints_root, resume_candidates
+    from .resume import check_geometry, geometry, launched_processes, saved_geometry
+
+    candidates = resume_candidates(output_dir, announce=_announce)
+    if not candidates:
+        raise FileNotFoundError(f"--resume: no checkpoint under {checkpoints_root(output_dir)}")
+    _check_same_run(output_dir, recipe, config, f"checkpoints ({candidates[0].name})")
+    recorded = json.loads((output_dir / RECIPE_FILE).read_text())
+    check_geometry(candidates[0], saved_geometry(candidates[0], recorded),
+                   geometry(recipe, launched_processes()), recipe.streaming)
+    return candidates
+
+
+def _announce(line: str) -> None:
+    if is_main_rank():
+        print(line, file=sys.stderr, flush=True)
+
+
+def _clear_run(output_dir: Path) -> None:
+    for name in RUN_LAYOUT:
+        path = output_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+
+
+def prepare_output_dir(recipe, config, resume: bool | str = False, overwrite: bool = False) -> list[Path]:
     """Check (and with `overwrite`, clear) the run's output_dir before any data or model work; returns the
-    checkpoint to resume from (None for a new run). Raises RunDirError naming the directory and what to do."""
+    checkpoints to resume from, newest first (empty for a new run). Raises RunDirError naming the directory and
+    what to do."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other: continue the run, or replace it")
     output_dir = Path(recipe.output_dir)
+    if resume == "auto":
+        from .checkpoints import checkpoints_root
+
+        if not any(checkpoints_root(output_dir).glob("step_*")):
+            if _entries(output_dir):  # this run, started before and stopped before its first checkpoint
+                _check_same_run(output_dir, recipe, config, "the files of a run")
+                _announce(f"--resume auto: {output_dir} has no checkpoint yet: starting the run from step 0")
+                if is_main_rank():
+                    _clear_run(output_dir)
+            return []
     if resume:
         return check_resume(output_dir, recipe, config)
     if check_new_run_dir(output_dir, overwrite) and is_main_rank():
-        for name in RUN_LAYOUT:
-            path = output_dir / name
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-    return None
+        _clear_run(output_dir)
+    return []
 
 
 def check_new_run_dir(output_dir: Path, overwrite: bool = False) -> bool:
@@ -214,89 +251,3 @@ def _lock(fd: int, path: Path) -> None:
             raise RunDirInUseError(f"output directory {path} is in use by another running process; wait for it "
                                    "to finish or stop it, or choose another output directory") from None
         # ENOLCK, EBADF, EINVAL, EOPNOTSUPP: no directory locks on this file system; go on unguarded
-
-
-# Checkpoints
-
-STATE_FILE = "trainer_state.json"
-
-
-def checkpoints_root(output_dir: Path) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def checkpoint_path(output_dir: Path, step: int) -> Path:
-    return checkpoints_root(output_dir) / f"step_{step:07d}"
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first (temp dirs start with '.' and never match)."""
-    root = checkpoints_root(output_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.glob("step_*") if (p / STATE_FILE).is_file())
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
-
-
-def data_state_file(path: Path, rank: int) -> Path:
-    return Path(path) / f"data_state_{rank}.pt"
-
-
-def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None,
-                    data_state: dict | None = None) -> Path:
-    """Every rank must call this (save_state writes per-rank RNG files into the shared directory). `data_state` is
-    this rank's position in a stream (train_loader.loader_state), when its data has one."""
-    final = checkpoint_path(output_dir, state["step"])
-    tmp = final.parent / f".tmp_{final.name}"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)  # debris of a run killed mid-save
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp), safe_serialization=True)
-    if data_state is not None:
-        import torch
-
-        torch.save(data_state, data_state_file(tmp, accelerator.process_index))
-    if accelerator.is_main_process:
-        (tmp / STATE_FILE).write_text(json.dumps(state))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        prune_checkpoints(output_dir, keep)
-    accelerator.wait_for_everyone()
-    return final
-
-
-def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
-    """Keep the newest `keep` checkpoints (save_total_limit); None or 0 keeps all."""
-    if not keep:
-        return
-    for old in list_checkpoints(output_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def load_checkpoint(accelerator, path: Path) -> dict:
-    """The checkpoint's trainer state, after restoring model, optimiser, schedule and random states. A run resumes with
-    the number of processes that wrote it: each process's batches, random states and stream position are its own,
-    so another count would silently train on other data."""
-    state = json.loads((Path(path) / STATE_FILE).read_text())
-    saved, processes = state.get("num_processes"), accelerator.num_processes
-    if saved is not None and saved != processes:
-        raise ValueError(f"--resume: checkpoint {path} was written by {saved} process(es), this launch has {processes}; "
-                         f"launch it with {saved} (num_machines × processes per machine)")
-    accelerator.load_state(str(path))
-    return state
-
-
-def load_data_state(accelerator, path: Path) -> dict | None:
-    """This rank's saved stream position, or None when the checkpoint has none."""
-    import torch
-
-    file = data_state_file(path, accelerator.process_index)
-    return torch.load(file, weights_only=False) if file.is_file() else None

@@ -1,17 +1,19 @@
-"""The training batches of each process, for the three kinds of data (docs/training.md, section "Corpora larger
-than memory"):
+"""The training batches of each process, for the three kinds of data (docs/training.md, sections "Corpora larger
+than memory" and "Checkpoints and resuming"):
 
-- blocks in memory (a corpus tokenised at start): a shuffled DataLoader prepared by accelerate, which gives each
-  process its slice of every global batch; resume skips the consumed batches' indices (not their data).
-- prepared shards (shards.py): each process computes its own block indices from (seed, batch, rank)
-  (`BlockOrder`, below), reads them from the memory maps, and puts them on its device; resume starts the function at
-  the batch reached, in constant time.
+- blocks in memory (a corpus tokenised at start), needle examples and prepared shards (shards.py): each process
+  computes its own block indices from (seed, global micro-batch, rank) (`BlockOrder`, below), reads them (from memory
+  or the memory maps), and puts them on its device; resume starts the function at the batch reached, in constant
+  time.
 - a stream (streaming.py): each process reads its own part through a StatefulDataLoader, whose state is saved with
   every checkpoint and restored on resume.
 
-The batch order of prepared data (`BlockOrder`) is a pure function of (seed, batch index, rank). Every process
-computes its own block indices, so no process reads data for another and nothing is sent between them; resuming at
-batch k starts the function at k, which costs the same at step 10 as at step 10,000.
+The batch order (`BlockOrder`) is a pure function of (seed, global micro-batch index, rank), and the data position
+a run records is global: a micro-batch index of the whole run, whose blocks are the same whatever number of
+processes reads them. Every process computes its own block indices, so no process reads data for another and
+nothing is sent between them; resuming at batch k starts the function at k, which costs the same at step 10 as at
+step 10,000, and a run resumed on another number of processes with the same global batch reads, step by step, the
+blocks the first launch would have read.
 
 The shuffle is a keyed pseudo-random permutation of the block indices of each epoch, evaluated index by index: a
 4-round Feistel network on the smallest power-of-four domain holding the blocks, with cycle-walking to stay inside
@@ -23,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .shards import ShardedBlocks
 from .streaming import PackedStream, stream_loader
 
 
@@ -60,21 +61,29 @@ def permute(indices: np.ndarray, n: int, key: np.uint64) -> np.ndarray:
 
 
 class BlockOrder:
-    """Global batch b of the run holds epoch positions [j·G, (j+1)·G) of epoch b // per_epoch, with G = batch size
-    × processes and j = b % per_epoch; process r takes the r-th slice of B. The last partial global batch of an
-    epoch is dropped, as DataLoader's drop_last does."""
+    """Global micro-batch b of the run holds positions [j·G, (j+1)·G) of epoch e's permutation, with G = batch size
+    × processes (the blocks every process reads for one micro-batch) and (e, j) = divmod(b, per_epoch); process r
+    takes the r-th slice. An epoch ends after the last whole optimiser step it holds (`accumulation` micro-batches
+    each, as DataLoader's drop_last drops a partial batch), so its length is a function of the global batch of a
+    step only: a run resumed with another split of that batch into processes, per-device batch and accumulation
+    reads the same blocks at the same step (docs/training.md, "Checkpoints and resuming")."""
 
-    def __init__(self, n_blocks: int, batch_size: int, processes: int, rank: int, seed: int):
+    def __init__(self, n_blocks: int, batch_size: int, processes: int, rank: int, seed: int, accumulation: int = 1):
         self.n, self.batch_size, self.processes, self.rank, self.seed = n_blocks, batch_size, processes, rank, seed
-        self.per_epoch = n_blocks // (batch_size * processes)
+        steps_per_epoch = n_blocks // (batch_size * processes * accumulation)
+        self.per_epoch = steps_per_epoch * accumulation
         if self.per_epoch == 0:
             raise ValueError(f"the training set has {n_blocks} blocks, fewer than one global batch "
-                             f"({batch_size} per process × {processes} processes): lower per_device_train_batch_size "
-                             "or block_size")
+                             f"({batch_size} per process × {processes} processes × {accumulation} accumulation "
+                             "steps): lower per_device_train_batch_size or block_size")
+
+    def positions(self, index: int) -> tuple[int, int]:
+        """(epoch, first epoch position) of this process's slice of global micro-batch `index`."""
+        epoch, j = divmod(index, self.per_epoch)
+        return epoch, (j * self.processes + self.rank) * self.batch_size
 
     def batch(self, index: int) -> np.ndarray:
-        epoch, j = divmod(index, self.per_epoch)
-        start = (j * self.processes + self.rank) * self.batch_size
+        epoch, start = self.positions(index)
         return permute(np.arange(start, start + self.batch_size), self.n, epoch_key(self.seed, epoch))
 
 
@@ -92,17 +101,15 @@ class StepSampler(torch.utils.data.Sampler):
 
 
 def make_train_loader(recipe, accelerator, train_ds):
-    """(loader, whether accelerate must prepare it)."""
+    """This process's training loader. Blocks in memory, prepared shards and needle examples are read in the
+    `BlockOrder` of (seed, global micro-batch): each process computes its own slice, nothing is sent between them."""
     batch_size, workers = recipe.per_device_train_batch_size, recipe.dataloader_num_workers
-    if isinstance(train_ds, ShardedBlocks):
-        order = BlockOrder(len(train_ds), batch_size, accelerator.num_processes, accelerator.process_index,
-                           recipe.seed)
-        return torch.utils.data.DataLoader(train_ds, batch_size=batch_size, sampler=StepSampler(order),
-                                           num_workers=workers), False
     if isinstance(train_ds, PackedStream):
-        return stream_loader(train_ds, recipe), False
-    return torch.utils.data.DataLoader(train_ds, batch_size=batch_size, shuffle=True, drop_last=True,
-                                       num_workers=workers), True
+        return stream_loader(train_ds, recipe)
+    order = BlockOrder(len(train_ds), batch_size, accelerator.num_processes, accelerator.process_index,
+                       recipe.seed, recipe.gradient_accumulation_steps)
+    return torch.utils.data.DataLoader(train_ds, batch_size=batch_size, sampler=StepSampler(order),
+                                       num_workers=workers)
 
 
 def _on_device(accelerator, loader):
@@ -111,13 +118,8 @@ def _on_device(accelerator, loader):
 
 
 def batch_stream(accelerator, dataloader, batches_done: int):
-    """Batches forever, epoch after epoch, starting after `batches_done` (for resume)."""
-    dataset = dataloader.dataset
-    if isinstance(dataset, ShardedBlocks):
-        dataloader.sampler.start = batches_done   # the sampler never ends: the loop stops at max_steps
-        yield from _on_device(accelerator, dataloader)
-        return
-    if isinstance(dataset, PackedStream):
+    """Batches forever, starting after `batches_done` micro-batches of this process (for resume)."""
+    if isinstance(dataloader.dataset, PackedStream):
         # A restored StatefulDataLoader continues where its checkpoint stood; at the stream's end it starts over.
         while True:
             produced = False
@@ -127,28 +129,15 @@ def batch_stream(accelerator, dataloader, batches_done: int):
             if not produced:
                 raise ValueError("the stream yields no training batch: lower per_device_train_batch_size or "
                                  "block_size")
-    epoch, skip = divmod(batches_done, len(dataloader))
-    while True:
-        dataloader.set_epoch(epoch)
-        loader = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
-        if skip:
-            loader.set_epoch(epoch)
-        produced = False
-        for batch in loader:
-            produced = True
-            yield batch
-        if not produced and not skip:
-            raise ValueError("the training set yields no batch: lower per_device_train_batch_size or block_size")
-        epoch, skip = epoch + 1, 0
+    dataloader.sampler.start = batches_done   # the sampler never ends: the loop stops at max_steps
+    yield from _on_device(accelerator, dataloader)
 
 
 def data_epoch(dataloader, batches_done: int) -> int:
     """Which pass over the training data `batches_done` batches reached (recorded in checkpoints)."""
-    if isinstance(dataloader.dataset, ShardedBlocks):
-        return batches_done // dataloader.sampler.order.per_epoch
     if isinstance(dataloader.dataset, PackedStream):
         return 0
-    return batches_done // len(dataloader)
+    return batches_done // dataloader.sampler.order.per_epoch
 
 
 def loader_state(dataloader) -> dict | None:

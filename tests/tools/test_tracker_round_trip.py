@@ -13,7 +13,7 @@ import pytest
 import tracker_readers as readers
 from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
-from modeling_angpt.training.run_dir import list_checkpoints
+from modeling_angpt.training.checkpoints import list_checkpoints
 
 pytestmark = pytest.mark.tools  # make test-tools
 

@@ -222,7 +222,9 @@ def test_a_streamed_corpus_prepares_to_the_same_tokens_one_unit_per_source_file(
         assert np.array_equal(_shard_tokens(tmp_path / "read", split), _shard_tokens(tmp_path / "streamed", split))
 
 
-def test_resuming_with_another_number_of_processes_is_refused(prepared, write_recipe, tmp_path, capsys):
+def test_resuming_with_another_global_batch_is_refused_in_one_line(prepared, write_recipe, tmp_path, capsys):
+    """A checkpoint of 2 processes × 8 sequences resumes on 1 process only with 16 per device (or 8 × 2 accumulation
+    steps): the global batch decides which blocks each step reads (resume.py)."""
     from modeling_angpt.training.loop import train
 
     recipe = write_recipe(dataset=str(prepared))
@@ -230,12 +232,18 @@ def test_resuming_with_another_number_of_processes_is_refused(prepared, write_re
     state_file = tmp_path / "run" / "checkpoints" / "step_0000002" / "trainer_state.json"
     state = json.loads(state_file.read_text())
     assert state["num_processes"] == 1
-    state_file.write_text(json.dumps({**state, "num_processes": 2}))
-    args = argparse.Namespace(recipe=str(recipe), override=["max_steps=4", "save_steps=2", "eval_steps=0"],
-                              resume=True, overwrite=False)
+    state_file.write_text(json.dumps({**state, "num_processes": 2, "batches": 1}))  # as 2 processes would write it
+    (state_file.parent / "checkpoint_complete.json").unlink()  # the edit changed its size: a legacy checkpoint
+    state_file.write_text(json.dumps({key: value for key, value in json.loads(state_file.read_text()).items()
+                                      if key != "format"}))
+    overrides = ["max_steps=4", "save_steps=2", "eval_steps=0"]
+    args = argparse.Namespace(recipe=str(recipe), override=overrides, resume=True, overwrite=False)
     assert train_command.run(args) == 2
     err = capsys.readouterr().err.strip()
-    assert "written by 2 process(es), this launch has 1" in err and len(err.splitlines()) == 1
+    assert ("global batch of 16 sequences (8 per device × 2 processes × 1 accumulation steps); this launch gives 8 "
+            "sequences" in err and "keep the global batch" in err and len(err.splitlines()) == 1), err
+    args.override = overrides + ["gradient_accumulation_steps=2"]
+    assert train_command.run(args) == 0
 
 
 def test_a_second_prepare_from_the_command_line_imports_neither_torch_nor_transformers(prepared, write_recipe,

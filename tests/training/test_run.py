@@ -7,7 +7,7 @@ import pytest
 from training_fixtures import data_cache, max_row_norm, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt.training import NonFiniteLossError, load_recipe, train
-from modeling_angpt.training.run_dir import list_checkpoints
+from modeling_angpt.training.checkpoints import list_checkpoints
 
 
 @pytest.mark.parametrize("architecture", ["gptplus", "ngpt", "angpt"])

@@ -46,7 +46,7 @@ def test_resume_allows_run_control_keys_to_change(write_recipe, tmp_path):
     fake_previous_run(tmp_path / "run", path)
     recipe = load_recipe(path, ["max_steps=500", "eval_steps=7", "save_steps=3", "bf16=true",
                                           "logging_steps=1", "report_to=none"])
-    assert check_resume(tmp_path / "run", recipe, build_config(recipe)).name == "step_0000010"
+    assert [p.name for p in check_resume(tmp_path / "run", recipe, build_config(recipe))] == ["step_0000010"]
 
 
 def test_overwrite_replaces_only_the_previous_run(write_recipe, tmp_path):

@@ -1,0 +1,86 @@
+"""Resuming a run from its checkpoint, on the number of processes that wrote it or on another (docs/training.md,
+"Checkpoints and resuming").
+
+What a run's batches depend on is the global batch of an optimiser step: per-device batch × processes × accumulation
+(`global_batch`). The data position a checkpoint records is global (the blocks of the run's block order consumed so
+far, train_loader.BlockOrder), so a launch with another number of processes that keeps the global batch, by changing
+`per_device_train_batch_size` or `gradient_accumulation_steps`, continues with exactly the blocks the first launch
+would have read next, step by step. A launch that cannot keep it is refused in one line. A stream's position is each
+process's own place in its part of the source (streaming.py), so a stream resumes on the number of processes that
+wrote it.
+
+Model, optimiser and schedule: under DDP, `Accelerator.save_state` writes them whole, and any number of processes
+loads them; under FSDP2 the sharded state goes through torch.distributed.checkpoint, which reshards on load to the
+launch's number of processes. The random states are per process: a process that had none in the checkpoint keeps
+the seed's (training itself draws no random numbers: no dropout, the batch order is a function of the seed).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .checkpoints import read_state
+
+GEOMETRY_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_processes")
+
+
+def launched_processes() -> int:
+    """The launch's number of processes, before accelerate starts (the launcher's WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def geometry(recipe, processes: int) -> dict:
+    return {"per_device_train_batch_size": recipe.per_device_train_batch_size,
+            "gradient_accumulation_steps": recipe.gradient_accumulation_steps, "num_processes": processes}
+
+
+def global_batch(shape: dict) -> int:
+    return shape["per_device_train_batch_size"] * shape["gradient_accumulation_steps"] * shape["num_processes"]
+
+
+def _described(shape: dict) -> str:
+    return (f"{global_batch(shape)} sequences ({shape['per_device_train_batch_size']} per device × "
+            f"{shape['num_processes']} processes × {shape['gradient_accumulation_steps']} accumulation steps)")
+
+
+def saved_geometry(path: Path, recorded_recipe: dict) -> dict:
+    """The batch geometry that wrote the checkpoint: its own record, or (checkpoints of earlier versions) the run's
+    recipe.json and the process count the checkpoint names."""
+    state = read_state(path)
+    return {key: state.get(key, recorded_recipe.get(key, 1)) for key in GEOMETRY_KEYS}
+
+
+def check_geometry(path: Path, saved: dict, now: dict, streaming: bool) -> None:
+    """Refuse, in one line, a launch whose batches would not continue the checkpoint's."""
+    if global_batch(saved) != global_batch(now):
+        fits = [b for b in range(1, global_batch(saved) + 1)
+                if global_batch(saved) % (b * now["num_processes"]) == 0][:4]
+        hint = (f"for example per_device_train_batch_size={fits[-1]} with gradient_accumulation_steps="
+                f"{global_batch(saved) // (fits[-1] * now['num_processes'])}" if fits else
+                f"{now['num_processes']} processes cannot split it: launch a number of processes that divides it")
+        raise ValueError(f"--resume: checkpoint {path} was trained with a global batch of {_described(saved)}; "
+                         f"this launch gives {_described(now)}: keep the global batch ({hint})")
+    if streaming and saved["num_processes"] != now["num_processes"]:
+        raise ValueError(f"--resume: checkpoint {path} of a stream (streaming: true) was written by "
+                         f"{saved['num_processes']} process(es), this launch has {now['num_processes']}: a stream's "
+                         "position is each process's place in its own part of the source, so launch it with "
+                         f"{saved['num_processes']}, or prepare the corpus (angpt prepare) to resume on any number")
+
+
+def load_checkpoint(accelerator, path: Path, now: dict) -> dict:
+    """Restore model, optimiser, schedule and random states from `path`; returns its trainer state with the data
+    position in this launch's micro-batches (`batches`) and this launch's geometry."""
+    state = read_state(path)
+    saved = {key: state.get(key, now[key] if key != "num_processes" else 1) for key in GEOMETRY_KEYS}
+    saved_fsdp, fsdp = state.get("fsdp"), _is_fsdp(accelerator)
+    if saved_fsdp is not None and saved_fsdp != fsdp:
+        raise ValueError(f"--resume: checkpoint {path} was written {'with' if saved_fsdp else 'without'} FSDP, this "
+                         f"launch runs {'with' if fsdp else 'without'} it: launch it as the run was launched")
+    accelerator.load_state(str(path))
+    blocks = state["batches"] * saved["per_device_train_batch_size"] * saved["num_processes"]
+    per_micro_batch = now["per_device_train_batch_size"] * now["num_processes"]
+    return {**state, **now, "batches": blocks // per_micro_batch, "fsdp": fsdp}
+
+
+def _is_fsdp(accelerator) -> bool:
+    return str(accelerator.distributed_type).endswith("FSDP")
