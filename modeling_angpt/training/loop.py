@@ -298,9 +298,9 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
             if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps or stop:
                 saved = _save(run, state)
             if stop:  # every rank learnt it in this step's loss reduction (preemption.py)
-                announce(acc, step, run.stop.signal_name or "a stop signal on another rank", saved,
-                         resume_command())
-                raise Preempted(step, run.stop.signal_name or "a stop signal on another rank", saved)
+                name = run.stop.signal_name or "a signal to another rank"
+                announce(acc, step, name, saved, resume_command())
+                raise Preempted(step, name, saved)
             if stop_after_steps is not None and step >= stop_after_steps:
                 return
 

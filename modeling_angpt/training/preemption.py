@@ -76,5 +76,5 @@ def stop_on_signals(extra: str | None = None):
 
 def announce(accelerator, step: int, signal_name: str, checkpoint, command: str) -> None:
     if accelerator.is_main_process:
-        print(f"angpt train: {signal_name} received: stopped at step {step} with checkpoint {checkpoint}; continue "
+        print(f"angpt train: stopped by {signal_name} at step {step}, checkpoint {checkpoint} written; continue "
               f"with `{command}` (exit status {PREEMPTED_EXIT_CODE})", file=sys.stderr, flush=True)

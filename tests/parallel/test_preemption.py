@@ -1,0 +1,95 @@
+"""A run preempted, resumed on another number of processes, preempted again and resumed once more trains on the
+same blocks, step by step and in the same order, as a run never interrupted, and ends with the same weights
+(docs/training.md, "Preemption" and "Checkpoints and resuming"). The signal reaches one rank only; the others learn of
+it in the step's loss reduction (modeling_angpt/training/preemption.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from training_fixtures import REPO, data_cache, write_recipe  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.parallel
+
+DRIVER = REPO / "tests" / "training_preemption_driver.py"
+PREEMPTED = 75
+
+
+def _launch(recipe: Path, label: str, processes: int, *overrides: str, resume: str | None = None,
+            signal_after: int | None = None, signal_rank: int = 0) -> subprocess.CompletedProcess:
+    if processes == 1:
+        command = [sys.executable, str(DRIVER)]
+    else:
+        command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node",
+                   str(processes), str(DRIVER)]
+    command += [str(recipe), "--label", label]
+    if resume:
+        command += ["--resume", resume]
+    if signal_after is not None:
+        command += ["--signal-after", str(signal_after), "--signal-rank", str(signal_rank)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(command + [a for o in overrides for a in ("--override", o)], capture_output=True, text=True, timeout=400, env=env,
+                          cwd=REPO)
+
+
+def _global_order(run: Path, label: str, processes: int) -> dict[int, list[str]]:
+    """{step: the sequences it trained on, in the order of the run's global positions: micro-batch by micro-batch,
+    each the slices of rank 0, 1, ...}."""
+    ranks = [[json.loads(line) for line in (run / f"steps_rank{r}_{label}.jsonl").read_text().splitlines()]
+             for r in range(processes)]
+    order = {}
+    for records in zip(*ranks):
+        step = records[0]["step"]
+        assert all(record["step"] == step for record in records)
+        micro = len(records[0]["micro_batches"])
+        order[step] = [h for m in range(micro) for record in records for h in record["micro_batches"][m]]
+    return order
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run / "final" / "model.safetensors"))
+
+
+def test_preempted_and_resumed_on_other_process_counts_trains_as_one_uninterrupted_run(write_recipe, tmp_path):
+    common = dict(max_steps=12, eval_steps=0, save_steps=100, logging_steps=4, report_to=["jsonl"])
+    whole = write_recipe("whole.yaml", output_dir=str(tmp_path / "whole"), per_device_train_batch_size=4, **common)
+    done = _launch(whole, "whole", 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = _global_order(tmp_path / "whole", "whole", 2)
+    assert sorted(expected) == list(range(1, 13)) and all(len(seqs) == 8 for seqs in expected.values())
+    assert len({h for seqs in expected.values() for h in seqs}) == 96   # 96 distinct blocks: hashes name blocks
+
+    parted = write_recipe("parted.yaml", output_dir=str(tmp_path / "parted"), per_device_train_batch_size=4,
+                          **common)
+    run = tmp_path / "parted"
+    # 2 processes × 4: rank 1 alone gets SIGTERM while step 4 runs, so every rank stops after step 5
+    first = _launch(parted, "a", 2, signal_after=4, signal_rank=1)
+    assert first.returncode != 0 and f"exitcode  : {PREEMPTED}" in first.stderr, first.stderr[-3000:]
+    lines = [line for line in first.stderr.splitlines() if line.startswith("angpt train: stopped by")]
+    assert len(lines) == 1 and "a signal to another rank at step 5" in lines[0] and "resume=True" in lines[0], lines
+    # 1 process × 4 × 2 accumulation steps: SIGTERM after its third step (step 8), so it stops after step 9
+    second = _launch(parted, "b", 1, "per_device_train_batch_size=4", "gradient_accumulation_steps=2",
+                     resume="auto", signal_after=3)
+    assert second.returncode == PREEMPTED, second.stderr[-3000:]
+    assert "stopped by SIGTERM at step 9" in second.stderr
+    # 2 processes × 2 × 2 accumulation steps to the end
+    third = _launch(parted, "c", 2, "per_device_train_batch_size=2", "gradient_accumulation_steps=2", resume="auto")
+    assert third.returncode == 0, third.stderr[-3000:]
+
+    resumed = {**_global_order(run, "a", 2), **_global_order(run, "b", 1), **_global_order(run, "c", 2)}
+    assert sorted(_global_order(run, "a", 2)) == [1, 2, 3, 4, 5]
+    assert sorted(_global_order(run, "b", 1)) == [6, 7, 8, 9]
+    assert sorted(_global_order(run, "c", 2)) == [10, 11, 12]
+    assert resumed == expected
+    before, after = _weights(tmp_path / "whole"), _weights(run)
+    assert before.keys() == after.keys()
+    worst = max(float((before[k] - after[k]).abs().max()) for k in before)
+    assert worst < 1e-5, worst
