@@ -93,3 +93,65 @@ def test_preempted_and_resumed_on_other_process_counts_trains_as_one_uninterrupt
     assert before.keys() == after.keys()
     worst = max(float((before[k] - after[k]).abs().max()) for k in before)
     assert worst < 1e-5, worst
+
+
+def _start_cli(*args: str) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([str(Path(sys.executable).with_name("angpt")), "train", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+
+
+def _wait_for(condition, process: subprocess.Popen, timeout: float = 240.0) -> None:
+    import time
+
+    start = time.monotonic()
+    while not condition():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() - start < timeout, "timed out"
+        time.sleep(0.05)
+
+
+def _logged_steps(run: Path) -> list[int]:
+    metrics = run / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+
+
+def test_the_named_signal_stops_the_command_with_a_checkpoint_and_resume_auto_continues(write_recipe, tmp_path):
+    """SLURM's `--signal=USR1@90` as a recipe key; `--resume auto` is the one command line of every start."""
+    import signal
+
+    run = tmp_path / "run"
+    recipe = write_recipe(max_steps=400, eval_steps=0, save_steps=1000, logging_steps=1, report_to=["jsonl"],
+                          preemption_signal="USR1")
+    cli = _start_cli(str(recipe), "--resume", "auto")
+    _wait_for(lambda: len(_logged_steps(run)) >= 3, cli)
+    cli.send_signal(signal.SIGUSR1)
+    out, err = cli.communicate(timeout=120)
+    assert cli.returncode == PREEMPTED, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith("angpt train: stopped by SIGUSR1 at step ")]
+    assert len(lines) == 1 and f"angpt train {recipe} --resume auto`" in lines[0], err[-3000:]
+    step = int(lines[0].split(" at step ")[1].split(",")[0])
+    assert step >= 3 and [p.name for p in (run / "checkpoints").iterdir()] == [f"step_{step:07d}"]
+    cli = _start_cli(str(recipe), "--resume", "auto", "-o", f"max_steps={step + 2}")
+    out, err = cli.communicate(timeout=300)
+    assert cli.returncode == 0 and f"resumed from {run / 'checkpoints' / f'step_{step:07d}'}" in out + err, err
+
+
+def test_a_kill_during_a_save_leaves_no_checkpoint_that_resume_would_take(write_recipe, tmp_path):
+    """SIGKILL while the second checkpoint is written (its temporary directory exists): --resume takes the first."""
+    import signal
+
+    run = tmp_path / "run"
+    recipe = write_recipe(max_steps=400, eval_steps=0, save_steps=4, save_total_limit=1, logging_steps=1,
+                          report_to=["jsonl"])
+    cli = _start_cli(str(recipe))
+    root = run / "checkpoints"
+    _wait_for(lambda: (root / "step_0000004").is_dir() and any(root.glob(".tmp_step_*")), cli)
+    cli.send_signal(signal.SIGKILL)
+    cli.communicate(timeout=60)
+    complete = [p.name for p in root.glob("step_*")]
+    assert "step_0000004" in complete
+    cli = _start_cli(str(recipe), "--resume", "-o", "max_steps=6")
+    out, err = cli.communicate(timeout=300)
+    newest = sorted(complete)[-1]  # the kill may land after the rename: then that one is complete and taken
+    assert cli.returncode == 0 and f"resumed from {root / newest}" in out + err, err[-3000:]
