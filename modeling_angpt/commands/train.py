@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -97,8 +98,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         recipe = load_recipe(args.recipe, args.override)
         result = train(recipe, resume=args.resume, overwrite=args.overwrite)
-    except Preempted:  # the checkpoint is written and the line printed (preemption.announce)
-        return PREEMPTED_EXIT_CODE
+    except Preempted:  # the checkpoint is committed, the logs closed and the line printed (preemption.announce)
+        # Straight out, without the interpreter's teardown of every module (seconds with transformers loaded): the
+        # grace period a scheduler gives is short, and torchrun's is shared by all ranks (docs/training.md)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(PREEMPTED_EXIT_CODE)
     except (OSError, ValueError, NonFiniteLossError) as error:  # OSError: missing files, Hub unreachable
         message = str(error).strip().replace("\n", " ") or type(error).__name__
         print(f"angpt train: error: {message}", file=sys.stderr)
