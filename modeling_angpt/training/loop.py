@@ -216,7 +216,8 @@ def _resume(run: Run, candidates: list[Path]) -> dict:
     """The state of the newest checkpoint that loads (checkpoints.load_newest), in this launch's batch geometry."""
     acc = run.accelerator
     path, state = checkpoints.load_newest(
-        acc, candidates, lambda a, p: load_checkpoint(a, p, geometry(run.recipe, a.num_processes)))
+        acc, candidates, lambda a, p: load_checkpoint(a, p, geometry(run.recipe, a.num_processes), run.model,
+                                                      run.optimizer, run.scheduler))
     data_state = checkpoints.data_state_file(path, acc.process_index)
     if data_state.is_file():
         run.train_dl.load_state_dict(torch.load(data_state, weights_only=False))
@@ -228,7 +229,7 @@ def _train_built(run: Run, model_config, candidates: list[Path], stop_after_step
     recipe, acc, output_dir = run.recipe, run.accelerator, Path(run.recipe.output_dir)
     resume_from = _resume(run, candidates) if candidates else None
     state = resume_from or {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [],
-                            **geometry(recipe, acc.num_processes), "fsdp": str(acc.distributed_type).endswith("FSDP")}
+                            **geometry(recipe, acc.num_processes)}
     start_step = state["step"]
     resume_step = start_step if resume_from is not None else None
     start_trackers(acc, recipe, output_dir, resume_step)  # first: a tracker that cannot start leaves no run behind

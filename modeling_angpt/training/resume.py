@@ -11,7 +11,8 @@ wrote it.
 
 Model, optimiser and schedule: under DDP, `Accelerator.save_state` writes them whole, and any number of processes
 loads them; under FSDP2 the sharded state goes through torch.distributed.checkpoint, which reshards on load to the
-launch's number of processes. The random states are per process: a process that had none in the checkpoint keeps
+launch's number of processes, and loads into a launch without FSDP too (one process, DDP), as a whole checkpoint
+loads into an FSDP2 launch (`load_across_layouts`). The random states are per process: a process that had none in the checkpoint keeps
 the seed's (training itself draws no random numbers: no dropout, the batch order is a function of the seed).
 """
 from __future__ import annotations
@@ -67,20 +68,61 @@ def check_geometry(path: Path, saved: dict, now: dict, streaming: bool) -> None:
                          f"{saved['num_processes']}, or prepare the corpus (angpt prepare) to resume on any number")
 
 
-def load_checkpoint(accelerator, path: Path, now: dict) -> dict:
+FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"  # Accelerate's sharded layout (DCP)
+
+
+def load_checkpoint(accelerator, path: Path, now: dict, model, optimizer, scheduler) -> dict:
     """Restore model, optimiser, schedule and random states from `path`; returns its trainer state with the data
-    position in this launch's micro-batches (`batches`) and this launch's geometry."""
+    position in this launch's micro-batches (`batches`) and this launch's geometry. A checkpoint written under
+    FSDP2 (sharded, through torch.distributed.checkpoint) loads into a launch without it, and one written without
+    FSDP into an FSDP2 launch (`load_across_layouts`)."""
     state = read_state(path)
     saved = {key: state.get(key, now[key] if key != "num_processes" else 1) for key in GEOMETRY_KEYS}
-    saved_fsdp, fsdp = state.get("fsdp"), _is_fsdp(accelerator)
-    if saved_fsdp is not None and saved_fsdp != fsdp:
-        raise ValueError(f"--resume: checkpoint {path} was written {'with' if saved_fsdp else 'without'} FSDP, this "
-                         f"launch runs {'with' if fsdp else 'without'} it: launch it as the run was launched")
-    accelerator.load_state(str(path))
+    if (Path(path) / FSDP_MODEL_DIR).is_dir() == is_fsdp(accelerator):
+        accelerator.load_state(str(path))
+    else:
+        load_across_layouts(accelerator, Path(path), model, optimizer, scheduler)
     blocks = state["batches"] * saved["per_device_train_batch_size"] * saved["num_processes"]
     per_micro_batch = now["per_device_train_batch_size"] * now["num_processes"]
-    return {**state, **now, "batches": blocks // per_micro_batch, "fsdp": fsdp}
+    return {**state, **now, "batches": blocks // per_micro_batch}
 
 
-def _is_fsdp(accelerator) -> bool:
+def is_fsdp(accelerator) -> bool:
     return str(accelerator.distributed_type).endswith("FSDP")
+
+
+def load_across_layouts(accelerator, path: Path, model, optimizer, scheduler) -> None:
+    """Model and optimiser state between FSDP2's sharded checkpoint and the whole one of DDP or one process, through
+    torch.distributed.checkpoint's state-dict API, which names every tensor by its parameter's name whatever the
+    layout. The random states are left as the seed made them (see the module docstring)."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+    raw_optimizer = getattr(optimizer, "optimizer", optimizer)  # inside Accelerate's wrapper
+    if (path / FSDP_MODEL_DIR).is_dir():  # sharded → whole: read every shard into the full tensors
+        import torch.distributed.checkpoint as dcp
+
+        model_state, optimizer_state = get_state_dict(model, raw_optimizer)  # optimiser states initialised
+        dcp.load({"model": model_state}, checkpoint_id=str(path / FSDP_MODEL_DIR))
+        dcp.load({"optimizer": optimizer_state}, checkpoint_id=str(path / FSDP_OPTIMIZER_DIR))
+        set_state_dict(model, raw_optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    else:  # whole → sharded: every process reads the whole state and keeps its shard
+        from safetensors.torch import load_file
+
+        whole = StateDictOptions(full_state_dict=True)
+        model_state = load_file(str(path / "model.safetensors"))
+        optimizer_state = _named_optimizer_state(torch.load(path / "optimizer.bin", weights_only=False),
+                                                 model, raw_optimizer)
+        set_state_dict(model, raw_optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                       options=whole)
+    scheduler.load_state_dict(torch.load(path / "scheduler.bin", weights_only=False))
+
+
+def _named_optimizer_state(saved: dict, model, optimizer) -> dict:
+    """A plain optimizer.state_dict() (parameters numbered in the order of its groups) with each number replaced
+    by its parameter's name, found through this launch's optimiser, which holds the same parameters in the same
+    groups and order (training/optim.py builds both)."""
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    ordered = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    groups = [{**group, "params": [ordered[i] for i in group["params"]]} for group in saved["param_groups"]]
+    return {"state": {ordered[i]: value for i, value in saved["state"].items()}, "param_groups": groups}
