@@ -8,6 +8,7 @@ import json
 import os
 
 import pytest
+from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt.training import checkpoints
 from modeling_angpt.training.checkpoints import CheckpointError, problem, resume_candidates
@@ -68,3 +69,20 @@ def test_pruning_keeps_the_newest_complete_and_removes_older_debris(tmp_path):
     third = _committed(tmp_path, 30)
     checkpoints.prune_checkpoints(tmp_path, keep=1)
     assert [p.name for p in checkpoints.checkpoints_root(tmp_path).iterdir()] == [third.name]
+
+
+def test_a_complete_checkpoint_that_does_not_load_is_named_and_the_one_before_is_used(write_recipe, tmp_path, capsys):
+    """The newest checkpoint's files have their recorded sizes but its weights' header is garbage: the resume names it
+    in one line and continues from the one before, whose losses it then reproduces."""
+    from modeling_angpt.training import load_recipe, train
+
+    recipe = load_recipe(write_recipe(), ["max_steps=6", "eval_steps=0", "save_steps=2", "save_total_limit=3"])
+    train(recipe, stop_after_steps=4)
+    weights = tmp_path / "run" / "checkpoints" / "step_0000004" / "model.safetensors"
+    with open(weights, "r+b") as file:
+        file.write(b"\xff" * 16)                                  # same size, unreadable header
+    resumed = train(recipe, resume=True)
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "does not load" in line]
+    assert len(said) == 1 and "step_0000004 does not load" in said[0] and "using the one before it" in said[0]
+    assert resumed.start_step == 2 and resumed.step == 6
