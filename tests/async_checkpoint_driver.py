@@ -69,7 +69,8 @@ def whole_checkpoint_on_rank0(directory: Path, expected: dict) -> bool:
     model_state, optimizer_state = get_state_dict(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=directory, no_dist=True)
-    return equal(state["model"], expected["model"]) and equal(state["optimizer"]["state"], expected["optimizer"]["state"])
+    return (equal(state["model"], expected["model"])
+            and equal(state["optimizer"]["state"], expected["optimizer"]["state"]))
 
 
 def save_while_training(work: Path, mode: str, rank: int) -> None:

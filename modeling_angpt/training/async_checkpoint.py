@@ -145,5 +145,9 @@ def load_model_and_optimizer(model, optimizer, directory: str | os.PathLike) -> 
     alone = not (dist.is_available() and dist.is_initialized())
     with warnings.catch_warnings():  # DCP warns that one process loads alone: here that is what was asked
         warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp.load(state, checkpoint_id=directory, no_dist=alone)
+        try:
+            dcp.load(state, checkpoint_id=directory, no_dist=alone)
+        except (Exception, CheckpointException) as error:  # another model's checkpoint: names and shapes differ
+            raise AsyncCheckpointError(f"checkpoint {directory} does not load into this model and optimiser: "
+                                       f"{_causes(error)}") from error
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

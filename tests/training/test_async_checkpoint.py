@@ -38,7 +38,8 @@ def test_a_save_holds_the_state_at_start_although_training_changes_it_at_once(tm
     model, optimizer = _trained()
     expected = copy.deepcopy({"model": model.state_dict(), "optimizer": optimizer.state_dict()})
     checkpointer, threads = AsyncCheckpointer(), []
-    checkpointer.start(model, optimizer, tmp_path / "checkpoint", on_done=lambda: threads.append(threading.current_thread()))
+    checkpointer.start(model, optimizer, tmp_path / "checkpoint",
+                       on_done=lambda: threads.append(threading.current_thread()))
     train_step(model, optimizer, seed=99)  # every weight and moment changes while the write may still run
     assert not equal(model.state_dict(), expected["model"])
     while not checkpointer.poll():
@@ -71,7 +72,7 @@ def test_a_second_save_first_waits_for_the_one_in_flight_and_commits_it(tmp_path
     checkpointer.close()
 
 
-def test_a_save_never_overwrites_a_checkpoint_and_a_load_needs_a_complete_one(tmp_path):
+def test_a_save_never_overwrites_a_checkpoint_and_a_load_needs_a_complete_one_of_this_model(tmp_path):
     model, optimizer = _trained(1)
     checkpointer = AsyncCheckpointer()
     checkpointer.start(model, optimizer, tmp_path / "done", on_done=lambda: None)
@@ -84,6 +85,11 @@ def test_a_save_never_overwrites_a_checkpoint_and_a_load_needs_a_complete_one(tm
     (tmp_path / "cut" / "__0_0.distcp").write_bytes(b"partial")
     with pytest.raises(AsyncCheckpointError, match=r"cut has no \.metadata: expected a complete checkpoint"):
         load_model_and_optimizer(*_fresh(), tmp_path / "cut")
+    wider = AnGPTForCausalLM(AnGPTConfig(**{**SHAPE, "hidden_size": 64}))
+    with pytest.raises(AsyncCheckpointError,
+                       match=r"done does not load into this model and optimiser: .*Size mismatch") as error:
+        load_model_and_optimizer(wider, torch.optim.AdamW(wider.parameters()), tmp_path / "done")
+    assert "\n" not in str(error.value)
     checkpointer.close()
 
 
