@@ -1,6 +1,7 @@
-"""Run by tests/parallel/test_async_checkpoint_two_processes.py under torchrun (2 CPU processes, gloo): an asynchronous save of a
-DDP or FSDP2 model (modeling_angpt/training/async_checkpoint.py) while training goes on, then a load on the same two
-processes. Rank 0 writes the full state at the moment of the save (the oracle) and each rank its report.
+"""Run by tests/parallel/test_async_checkpoint_two_processes.py under torchrun (2 CPU processes, gloo): an
+asynchronous save of a DDP or FSDP2 model (modeling_angpt/training/async_checkpoint.py) while training goes on, then a
+load on the same two processes. Rank 0 writes the full state at the moment of the save (the oracle) and each rank its
+report.
 
     torchrun --nproc_per_node 2 tests/async_checkpoint_driver.py WORK ddp fsdp2
 """

@@ -17,8 +17,8 @@ the main thread's collectives on the training group (a known source of hangs and
 
 A rank's save future completes only after rank 0 has gathered every rank's write results and written the
 checkpoint's `.metadata`, then broadcast the outcome (DCP's `_DistWrapper.all_reduce`), so a finished future on any
-rank means every rank's files are written (tests/parallel/test_async_checkpoint_two_processes.py checks it by reading the whole
-checkpoint on rank 0 from inside the commit).
+rank means every rank's files are written (tests/parallel/test_async_checkpoint_two_processes.py checks it by
+reading the whole checkpoint on rank 0 from inside the commit).
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Asynchronous checkpoints in one process (modeling_angpt/training/async_checkpoint.py, docs/training.md
-"Asynchronous checkpoints"); two processes, DDP and FSDP2, resharding to one: tests/parallel/test_async_checkpoint_two_processes.py.
-The oracle is a copy of the model's and optimiser's state taken at the moment of the save."""
+"Asynchronous checkpoints"); two processes, DDP and FSDP2, resharding to one:
+tests/parallel/test_async_checkpoint_two_processes.py. The oracle is a copy of the model's and optimiser's state taken
+at the moment of the save."""
 from __future__ import annotations
 
 import copy
