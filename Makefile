@@ -59,7 +59,8 @@ test-tools: $(STAMP)
 		--durations=10 tests/tools
 
 # Several processes on this machine (torchrun, gloo; tests/parallel, docs/architectures.md "Tensor and pipeline
-# parallelism"): tensor and pipeline parallelism against one process, and a run that loses a rank. About 1.5 minutes.
+# parallelism"): tensor and pipeline parallelism against one process, a run that loses a rank, and asynchronous
+# checkpoints of two processes (DDP, FSDP2) loaded on two and on one (docs/training.md). About 2.5 minutes.
 test-parallel: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "parallel and not slow and not gpu" -p no:xdist -p no:cacheprovider --durations=5 \
 		tests/parallel
