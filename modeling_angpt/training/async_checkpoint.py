@@ -81,6 +81,8 @@ class AsyncCheckpointer:
             raise AsyncCheckpointError(f"checkpoint directory {directory} already holds a checkpoint ({METADATA}); "
                                        "expected a new or empty directory (a save never overwrites one)")
         model_state, optimizer_state = get_state_dict(model, optimizer)
+        if self._write_group is None:  # DCP warns, from its writer thread, that one process saves alone: as asked
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         self._future = dcp.async_save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=directory,
                                       process_group=self._write_group, async_stager=self._stager,
                                       no_dist=self._write_group is None)

@@ -159,6 +159,38 @@ def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None
     return final
 
 
+ASYNC_STATE_DIR = "model_and_optimizer"  # an asynchronous checkpoint's model and optimiser (async_checkpoint.py)
+
+
+def start_async_checkpoint(accelerator, checkpointer, model, optimizer, scheduler, output_dir: Path, state: dict,
+                           keep: int | None, data_state: dict | None = None) -> Path:
+    """The checkpoint of `state["step"]` with the model and optimiser written in the background (recipe key
+    async_checkpoint): the schedule, the random states, the stream position and trainer_state.json are written now,
+    the model and optimiser state is copied to CPU memory and written by the checkpointer's thread, and the commit
+    (marker, rename, pruning) runs at the step boundary where every rank's write is done. Every rank calls this."""
+    from accelerate.checkpointing import save_accelerator_state
+
+    checkpointer.wait()  # at most one in flight: the previous one is committed first
+    final = checkpoint_path(output_dir, state["step"])
+    tmp = final.parent / f".tmp_{final.name}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    save_accelerator_state(str(tmp), [], [], [scheduler], [], accelerator.process_index, accelerator.step)
+    if data_state is not None:
+        import torch
+
+        torch.save(data_state, data_state_file(tmp, accelerator.process_index))
+    if accelerator.is_main_process:
+        (tmp / STATE_FILE).write_text(json.dumps({**state, "format": FORMAT}))
+    accelerator.wait_for_everyone()  # every rank's files are written before any rank's commit can run
+    main = accelerator.is_main_process
+    checkpointer.start(model, getattr(optimizer, "optimizer", optimizer), tmp / ASYNC_STATE_DIR,
+                       on_done=lambda: commit(tmp, final, output_dir, keep) if main else None)
+    return final
+
+
 def prune_checkpoints(output_dir: Path, keep: int | None) -> None:
     """Keep the newest `keep` complete checkpoints (save_total_limit; None or 0 keeps all). Incomplete step_*
     directories older than the newest complete one are debris of an earlier attempt and go too."""

@@ -133,6 +133,7 @@ class Run:
     data_info: dict
     stream: object = None  # the batch iterator (batch_stream), set when the loop starts
     stop: object = False   # preemption.StopFlag: set by a signal, read at every step boundary
+    checkpointer: object = None  # async_checkpoint.AsyncCheckpointer when the recipe asks for async_checkpoint
 
 
 def preflight(recipe: Recipe, resume: bool | str, overwrite: bool = False):
@@ -236,9 +237,15 @@ def _train_built(run: Run, model_config, candidates: list[Path], stop_after_step
     if acc.is_main_process:
         run_dir.record_run(output_dir, recipe, model_config)
     logger = MetricsLogger(output_dir, recipe.report_to, acc.is_main_process, resume_step=resume_step, log=acc.log)
+    if recipe.async_checkpoint:
+        from .async_checkpoint import AsyncCheckpointer
+
+        run.checkpointer = AsyncCheckpointer()  # its own gloo groups: every rank makes it here
     try:
         _loop(run, state, logger, fresh=resume_from is None, stop_after_steps=stop_after_steps)
     finally:
+        if run.checkpointer is not None:
+            run.checkpointer.close()  # the save in flight is written and committed first
         logger.close()
         finish_trackers(acc)
     result = TrainResult(output_dir, None, start_step, state["step"], state["losses"], state["val_losses"],
@@ -282,6 +289,8 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
         while state["step"] < recipe.max_steps:
             step = state["step"] + 1
             loss, grad_norm, lr, stop = _optimizer_step(run, step)
+            if run.checkpointer is not None:
+                run.checkpointer.poll()  # commits a background save every rank has finished
             state.update(step=step, batches=state["batches"] + recipe.gradient_accumulation_steps,
                          tokens=state["tokens"] + tokens_per_step)
             state["losses"].append(loss)
@@ -297,7 +306,7 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
             if recipe.eval_steps > 0 and (step % recipe.eval_steps == 0 or step == recipe.max_steps):
                 run_eval(step)
             if (recipe.save_steps > 0 and step % recipe.save_steps == 0) or step == recipe.max_steps or stop:
-                saved = _save(run, state)
+                saved = _save(run, state, at_once=stop or step == recipe.max_steps)
             if stop:  # every rank learnt it in this step's loss reduction (preemption.py)
                 name = run.stop.signal_name or "a signal to another rank"
                 announce(acc, step, name, saved, resume_command())
@@ -306,13 +315,20 @@ def _loop(run: Run, state: dict, logger: MetricsLogger, fresh: bool, stop_after_
                 return
 
 
-def _save(run: Run, state: dict) -> Path:
-    """The checkpoint of the step reached (checkpoints.py); the RNG states themselves are in save_state's
-    random_states_<rank>.pkl."""
-    recipe = run.recipe
+def _save(run: Run, state: dict, at_once: bool) -> Path:
+    """The checkpoint of the step reached (checkpoints.py): in the background with async_checkpoint, except
+    `at_once` (the final and the preemption checkpoints, which the run's end must not outlive). The RNG states
+    themselves are in save_state's random_states_<rank>.pkl."""
+    recipe, output_dir = run.recipe, Path(run.recipe.output_dir)
     state["rng"] = {"seed": recipe.seed, "data_seed": recipe.data_seed,
                     "sampler_epoch": data_epoch(run.train_dl, state["batches"])}
-    return checkpoints.save_checkpoint(run.accelerator, Path(recipe.output_dir), state, recipe.save_total_limit,
+    if run.checkpointer is not None and not at_once:
+        return checkpoints.start_async_checkpoint(run.accelerator, run.checkpointer, run.model, run.optimizer,
+                                                  run.scheduler, output_dir, dict(state), recipe.save_total_limit,
+                                                  loader_state(run.train_dl))
+    if run.checkpointer is not None:
+        run.checkpointer.wait()  # the one in flight is committed before this one
+    return checkpoints.save_checkpoint(run.accelerator, output_dir, state, recipe.save_total_limit,
                                        loader_state(run.train_dl))
 
 

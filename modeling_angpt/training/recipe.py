@@ -114,6 +114,9 @@ class Recipe:
     eval_steps: int = _key(100, "validation loss every N steps and at the end; 0 = never")
     save_steps: int = _key(500, "checkpoint every N steps (and at the end); 0 = only at the end")
     save_total_limit: int | None = _key(2, "keep the newest N checkpoints; None or 0 keeps all")
+    async_checkpoint: bool = _key(False, "write checkpoints in the background (torch.distributed.checkpoint): "
+                                         "training goes on during the write; at most one in flight; the final and "
+                                         "the preemption checkpoints are written at once")
     preemption_signal: str | None = _key(None, "besides SIGTERM, a signal that stops the run with a checkpoint of the "
                                                "step reached (SLURM's --signal, e.g. SIGUSR1)")
     report_to: list = _key(help="jsonl (metrics.jsonl), none, all, or any of Accelerate's trackers: tensorboard, wandb, "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .checkpoints import read_state
+from .checkpoints import ASYNC_STATE_DIR, read_state
 
 GEOMETRY_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_processes")
 
@@ -78,13 +78,26 @@ def load_checkpoint(accelerator, path: Path, now: dict, model, optimizer, schedu
     FSDP into an FSDP2 launch (`load_across_layouts`)."""
     state = read_state(path)
     saved = {key: state.get(key, now[key] if key != "num_processes" else 1) for key in GEOMETRY_KEYS}
-    if (Path(path) / FSDP_MODEL_DIR).is_dir() == is_fsdp(accelerator):
+    if (Path(path) / ASYNC_STATE_DIR).is_dir():  # written in the background: DCP, any layout, any process count
+        load_asynchronous(accelerator, Path(path), model, optimizer, scheduler)
+    elif (Path(path) / FSDP_MODEL_DIR).is_dir() == is_fsdp(accelerator):
         accelerator.load_state(str(path))
     else:
         load_across_layouts(accelerator, Path(path), model, optimizer, scheduler)
     blocks = state["batches"] * saved["per_device_train_batch_size"] * saved["num_processes"]
     per_micro_batch = now["per_device_train_batch_size"] * now["num_processes"]
     return {**state, **now, "batches": blocks // per_micro_batch}
+
+
+def load_asynchronous(accelerator, path: Path, model, optimizer, scheduler) -> None:
+    """A checkpoint of `checkpoints.start_async_checkpoint`: model and optimiser through torch.distributed.checkpoint
+    (async_checkpoint.py), schedule and random states as Accelerate wrote them."""
+    from accelerate.checkpointing import load_accelerator_state
+
+    from .async_checkpoint import load_model_and_optimizer
+
+    load_model_and_optimizer(model, getattr(optimizer, "optimizer", optimizer), path / ASYNC_STATE_DIR)
+    load_accelerator_state(str(path), [], [], [scheduler], [], accelerator.process_index)
 
 
 def is_fsdp(accelerator) -> bool:

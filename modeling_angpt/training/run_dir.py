@@ -54,7 +54,7 @@ RUN_LAYOUT = (RECIPE_FILE, MODEL_CONFIG_FILE, "metrics.jsonl", "loss_curve.png",
 RESUMABLE_KEYS = frozenset({
     "output_dir", "max_steps", "logging_steps", "eval_steps", "save_steps", "save_total_limit", "report_to",
     "disable_tqdm", "dataloader_num_workers", "eval_max_batches", "per_device_eval_batch_size", "peak_flops",
-    "data_cache_dir", "bf16", "gradient_checkpointing", "preemption_signal",
+    "data_cache_dir", "bf16", "gradient_checkpointing", "preemption_signal", "async_checkpoint",
     # the batch geometry may change as long as the global batch stays (resume.check_geometry)
     "per_device_train_batch_size", "gradient_accumulation_steps"})
 RESUMABLE_PREFIXES = ("torch_compile",)  # compilation settings change speed, not the math

@@ -86,3 +86,23 @@ def test_a_complete_checkpoint_that_does_not_load_is_named_and_the_one_before_is
     said = [line for line in err.splitlines() if "does not load" in line]
     assert len(said) == 1 and "step_0000004 does not load" in said[0] and "using the one before it" in said[0]
     assert resumed.start_step == 2 and resumed.step == 6
+
+
+def test_asynchronous_checkpoints_commit_and_resume_as_the_synchronous_ones(write_recipe, tmp_path):
+    """async_checkpoint: the step-2 and step-4 checkpoints are written in the background and committed (marker, rename)
+    at a later step boundary or at the run's end; resuming from one reproduces the uninterrupted losses."""
+    import numpy as np
+
+    from modeling_angpt.training import load_recipe, train
+
+    common = ["max_steps=6", "eval_steps=0", "save_steps=2", "save_total_limit=0", "async_checkpoint=true"]
+    full = train(load_recipe(write_recipe(), common + [f"output_dir={tmp_path / 'full'}"]))
+    parted = load_recipe(write_recipe(), common + [f"output_dir={tmp_path / 'parted'}"])
+    train(parted, stop_after_steps=4)
+    root = checkpoints.checkpoints_root(tmp_path / "parted")
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path / "parted")] == ["step_0000002", "step_0000004"]
+    assert (root / "step_0000004" / checkpoints.ASYNC_STATE_DIR / ".metadata").is_file()
+    assert not list(root.glob(".tmp*"))
+    resumed = train(parted, resume=True)
+    assert resumed.start_step == 4
+    np.testing.assert_allclose(resumed.losses, full.losses, rtol=0, atol=1e-6)
