@@ -75,3 +75,15 @@ def test_the_survivors_of_a_four_process_run_all_name_the_rank_only_one_of_them_
         ["angpt train: error: rank 0", "angpt train: error: rank 1"], log[-3000:]
     print(f"\nrank 2 lost: machine 0 stopped after {took:.1f} s (the watch's staleness {STALE_S:g} s)")
 
+
+def test_the_store_load_benchmark_counts_what_each_watch_law_predicts(tmp_path):
+    sys.path.insert(0, str(REPO / "bench"))
+    import rank_watch_store_load as bench
+
+    results = tmp_path / "benchmarks.md"
+    bench.main(["--processes", "2", "3", "--seconds", "4", "--results", str(results)])
+    rows = [line.split(" | ") for line in results.read_text().splitlines() if line[:4] in ("| 2 ", "| 3 ")]
+    for row in rows:  # processes, before, its law, now, its law: measured within 20 % of the law
+        before, before_law, now, now_law = map(float, row[1:5])
+        assert abs(before - before_law) <= 0.2 * before_law and abs(now - now_law) <= 0.2 * now_law, row
+    assert len(rows) == 2
