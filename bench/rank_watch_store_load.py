@@ -28,7 +28,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from results_file import REPO, add_output_arguments, command_line, help_description, machine_line, update_section  # noqa: E402, I001
+from results_file import (  # noqa: E402, I001
+    REPO, add_output_arguments, command_line, help_description, machine_line, update_section)
 
 WATCH = "modeling_angpt/training/rank_watch.py"
 BEFORE = "cd8a39f"  # the last commit whose watch read every peer's heartbeat
@@ -96,12 +97,12 @@ def run_world(source: str, world: int, seconds: float, run: str, master) -> dict
                                str(seconds), run], env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
              for rank in range(world)]
     control = _control(master, run)
-    for key, count in (("ready", "go"), ("measured", "stop")):
-        while int(control.add(key, 0)) < world:
+    for counter, release in (("ready", "go"), ("measured", "stop")):  # the two barriers `child` waits at
+        while int(control.add(counter, 0)) < world:
             if any(proc.poll() not in (None, 0) for proc in procs):
                 raise SystemExit(f"rank_watch_store_load.py: error: a process of the {world}-process run failed")
             time.sleep(0.1)
-        control.set(count, "1")
+        control.set(release, "1")
     reports = [json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1]) for proc in procs]
     total = collections.Counter()
     for report in reports:
