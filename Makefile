@@ -60,7 +60,8 @@ test-tools: $(STAMP)
 
 # Several processes on this machine (torchrun, gloo; tests/parallel, docs/architectures.md "Tensor and pipeline
 # parallelism"): tensor and pipeline parallelism against one process, runs that lose a rank (two machines of one
-# process, and the watch alone on two machines of two), and the watch's store load against its law. About 4 minutes.
+# process, and the watch alone on two machines of two), and the watch's store load against its law. 6.5 minutes
+# on 2 cores shared with other jobs (load average 12).
 test-parallel: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "parallel and not slow and not gpu" -p no:xdist -p no:cacheprovider --durations=5 \
 		tests/parallel
