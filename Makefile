@@ -59,8 +59,10 @@ test-tools: $(STAMP)
 		--durations=10 tests/tools
 
 # Several processes on this machine (torchrun, gloo; tests/parallel, docs/architectures.md "Tensor and pipeline
-# parallelism"): tensor and pipeline parallelism against one process, a run that loses a rank, and asynchronous
-# checkpoints of two processes (DDP, FSDP2) loaded on two and on one (docs/training.md). About 2.5 minutes.
+# parallelism"): tensor and pipeline parallelism against one process, runs that lose a rank (two machines of one
+# process, and the watch alone on two machines of two), the watch's store load against its law, asynchronous
+# checkpoints of two processes (DDP, FSDP2) loaded on two and on one, and preemption with resumes on other process
+# counts (docs/training.md). About 12 minutes on 2 cores shared with other jobs.
 test-parallel: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "parallel and not slow and not gpu" -p no:xdist -p no:cacheprovider --durations=5 \
 		tests/parallel
