@@ -129,6 +129,8 @@ def table(path) -> str:
         key = (cell["tool"], cell["route"], cell["mode"])
         rows += [key] if key not in rows else []
         cells[key, cell["row"]] = cell["figure"]
+    order = ["torchao", "bitsandbytes", "PEFT", "ONNX Runtime", "continuous batching"]
+    rows.sort(key=lambda key: (order.index(key[0]) if key[0] in order else len(order), key[0]))  # stable: routes
     header = ["tool", "route", "mode", *ROW_IDS]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for key in rows:
