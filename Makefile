@@ -53,8 +53,16 @@ test-experiments: $(STAMP)
 	$(VENV)/bin/python -m pytest -q experiments -p no:cacheprovider --durations=10
 
 # A checkpoint with the tools that are not ours (tests/tools, docs/tools.md: PEFT, TRL, bitsandbytes, torchao, ONNX
-# Runtime, transformers serve, continuous batching, vLLM's contract): one pytest worker per core, as make test.
-test-tools: $(STAMP)
+# Runtime, transformers serve, continuous batching, vLLM's contract, DeepSpeed; the route matrix, each tool by each
+# route on both forms): one pytest worker per core, as make test. ANGPT_ROUTE_MATRIX=FILE keeps the matrix's figures
+# (python tests/route_matrix_fixtures.py FILE prints them).
+# DeepSpeed (the extra [deepspeed], setup.cfg): a source distribution, built against the installed torch.
+DEEPSPEED_STAMP := $(VENV)/.deepspeed
+$(DEEPSPEED_STAMP): $(STAMP)
+	$(PIP) install -q --no-build-isolation -e ".[deepspeed]"
+	touch $(DEEPSPEED_STAMP)
+
+test-tools: $(STAMP) $(DEEPSPEED_STAMP)
 	$(VENV)/bin/python -m pytest -q -m "tools and not slow and not gpu" -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
 		--durations=10 tests/tools
 

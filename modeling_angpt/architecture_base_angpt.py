@@ -87,7 +87,8 @@ class Architecture:
         """The base model's tensor-parallel plan in transformers' styles: q/k/v, gate and up split by output
         features (whole heads), o_proj and down_proj by input features; each per-feature vector that multiplies a
         split output is split the same way (its parameter `colwise`, its module run on this rank's part with
-        `local_params`; the folded c_q is itself a linear layer, split `colwise`). Vectors on the whole stream (α,
+        `local_params`; the folded c_q is a map from 1 with a linear layer's interface, split `colwise`, which vLLM
+        builds as a linear layer). Vectors on the whole stream (α,
         norm gains, s_z after the gathered head) stay whole."""
         attention, mlp = "layers.*.self_attn.", "layers.*.mlp."
         plan = {attention + "q_proj": "colwise", attention + "k_proj": "colwise", attention + "v_proj": "colwise",
@@ -101,7 +102,7 @@ class Architecture:
         split += [mlp + "up_scale", mlp + "gate_scale"] if self.mlp_scales(config)[0] is not None else []
         for name in split:
             plan.update({name + ".weight": "colwise", name: "local_params"})
-        if self.query_gain(config) is not None:  # c_q is a linear layer (layers_angpt.Gain): vLLM splits it too
+        if self.query_gain(config) is not None:  # c_q, a map from 1 (layers_angpt.Gain), split as a linear layer is
             plan[attention + "query_gain"] = "colwise"
         return plan
 

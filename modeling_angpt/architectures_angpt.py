@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .architecture_base_angpt import FOLDED_TRAINING_ERROR, PAPER_ALPHA_INIT, Architecture  # noqa: F401 (public names)
-from .layers_angpt import AddResidual, ApproxLerp, Gain, NormalizedLerp, RMSNorm
+from .layers_angpt import AddResidual, ApproxLerp, NormalizedLerp, RMSNorm, gain_for
 
 
 @lru_cache(maxsize=None)
@@ -245,7 +245,7 @@ class _FoldedUnitQK(_Folded):
 
     def query_gain(self, config):
         # c_q = √d_h · s_qk² on the normalised q after RoPE; k gets nothing; softmax scale 1.
-        return Gain(config.num_attention_heads * config.head_dim)
+        return gain_for(config, config.num_attention_heads * config.head_dim)
 
     def mlp_scales(self, config):
         return None, None

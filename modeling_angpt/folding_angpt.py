@@ -130,7 +130,7 @@ def fold_state_dict(model: nn.Module, dtype: torch.dtype | None = None) -> dict[
             if s_qk is not None:  # one s_qk per key channel, shared by the query heads of its group (GQA)
                 s_qk = s_qk.view(-1, d_h).repeat_interleave(attn.num_key_value_groups, dim=0).flatten()
             c_q = c_q if s_qk is None else c_q * s_qk.square()
-            out[p + "self_attn.query_gain.weight"] = c_q.unsqueeze(-1)  # a linear map from 1 (layers_angpt.Gain)
+            out[p + "self_attn.query_gain.weight"] = c_q.unsqueeze(-1)  # a map from 1 (layers_angpt.Gain)
         elif s_qk is not None:
             raise ValueError(f"fold: {p}self_attn has s_qk but the folded form has no query gain")
         elif getattr(attn.q_norm, "weight", None) is not None:  # GPT+ QK-norm: gain stays, takes 1/√d_h

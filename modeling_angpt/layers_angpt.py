@@ -32,11 +32,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, row_scale=None) -> torch.Tenso
 
 
 def is_plain_linear(module: nn.Module) -> bool:
-    """A bias-free `nn.Linear` exactly (or a `Gain`, which adds nothing to it), holding a plain weight and no hooks:
+    """A bias-free `nn.Linear` exactly (or a `Gain`/`LinearGain`, which add nothing to it), holding a plain weight and no hooks:
     reading its `.weight` computes what calling it would. Anything else (a PEFT LoRA layer, a bitsandbytes or
     torchao quantized layer, vLLM's layers, an FSDP2 shard unit, a DTensor of a tensor-parallel plan, a module with
     hooks) must be called, or it silently does nothing."""
-    return (type(module) in (nn.Linear, Gain) and module.bias is None and type(module.weight) is nn.Parameter
+    return (type(module) in (nn.Linear, *GAINS) and module.bias is None and type(module.weight) is nn.Parameter
             and not module._forward_hooks and not module._forward_pre_hooks)
 
 
@@ -114,23 +114,59 @@ class Scale(nn.Module):
         return (self.weight.detach().to(torch.float64) * (self.init_value / self.scale))
 
 
-class Gain(nn.Linear):
+class Gain(nn.Module):
     """A plain per-channel gain c of `size` channels (the folded form's c_q), held as the weight [size, 1] of a linear
-    map from the constant 1: called on a one, it returns c. Being a linear layer, it is split with its projection by
-    every runtime that splits linear layers (transformers' `colwise`, vLLM's ColumnParallelLinear, which leaves any
-    other vector whole; docs/architectures.md, "Tensor and pipeline parallelism"), and it is kept in float32 and out
-    of quantization (AnGPTPreTrainedModel._keep_in_fp32_modules). Checkpoints saved when c was a vector [size] load
-    unchanged (pretrained_angpt.py, LEGACY_SHAPES)."""
+    map from the constant 1: called on a one, it returns c. It is not an `nn.Linear`: torchao's `quantize_`, PEFT's
+    `all-linear`, bitsandbytes and the GPTQ/AWQ-style walkers take every nn.Linear, and a map from 1 input is no
+    layer to quantize or adapt. It keeps the interface transformers' `colwise` splits by (`weight` [out, in],
+    `out_features`), so transformers' tensor-parallel plan splits it with q_proj; a runtime that splits only
+    nn.Linear modules builds it as a `LinearGain` (`gain_for`; docs/architectures.md, "Tensor and pipeline
+    parallelism"). Checkpoints saved when c was a vector [size] load unchanged (pretrained_angpt.py, LEGACY_SHAPES)."""
+
+    in_features = 1
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.out_features = size
+        self.weight = nn.Parameter(torch.ones(size, 1))
+        self.register_parameter("bias", None)  # as a bias-free nn.Linear: the same state dict, the same checks
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"size={self.out_features}"
+
+
+class LinearGain(nn.Linear):
+    """The same gain as an `nn.Linear`, for a runtime that splits only nn.Linear modules and leaves every other
+    parameter whole (vLLM's Transformers backend: its ColumnParallelLinear splits it with q_proj by the plan's
+    `colwise`). Built only where that runtime builds the model (`gain_for`)."""
 
     def __init__(self, size: int) -> None:
         super().__init__(1, size, bias=False)
         nn.init.ones_(self.weight)
 
 
+GAINS = (Gain, LinearGain)
+
+# Runtimes that split only nn.Linear modules and name themselves in config._attn_implementation before they build the
+# model (vLLM's Transformers backend registers and sets "vllm"; docs/tools.md, "vLLM").
+RUNTIMES_THAT_SPLIT_ONLY_LINEAR_LAYERS = ("vllm",)
+
+
+def gain_for(config, size: int) -> Gain | LinearGain:
+    """The folded c_q's module: a `LinearGain` where a runtime that splits only linear layers builds the model, so
+    that it splits c_q with q_proj; a `Gain` everywhere else, which tools that take every nn.Linear leave alone."""
+    if getattr(config, "_attn_implementation", None) in RUNTIMES_THAT_SPLIT_ONLY_LINEAR_LAYERS:
+        return LinearGain(size)
+    return Gain(size)
+
+
 def gain_of(module: nn.Module, like: torch.Tensor) -> torch.Tensor:
-    """The gain a `Gain` holds (this rank's part when split), in the dtype of `like`: read off a plain one's weight,
-    else the module is called on a one, as whatever replaced or split it (vLLM's ColumnParallelLinear, transformers'
-    tensor-parallel hooks) must be (is_plain_linear)."""
+    """The gain a `Gain` or `LinearGain` holds (this rank's part when split), in the dtype of `like`: read off a plain
+    one's weight, else the module is called on a one, as whatever replaced or split it (vLLM's ColumnParallelLinear,
+    transformers' tensor-parallel hooks) must be (is_plain_linear)."""
     if is_plain_linear(module):
         return module.weight.view(-1).to(like.dtype)
     return module(like.new_ones(1, dtype=getattr(module, "weight", like).dtype)).to(like.dtype)

@@ -19,7 +19,7 @@ from .architectures_angpt import FOLDED_TRAINING_ERROR, get_architecture
 from .attention_angpt import check_attention_backend
 from .configuration_angpt import AnGPTConfig
 from .folding_angpt import fold_model
-from .layers_angpt import Gain, RMSNorm, Scale
+from .layers_angpt import GAINS, RMSNorm, Scale
 
 
 # The Auto class -> model class entries a remote-code checkpoint's auto_map carries (the classes of modeling_angpt.py).
@@ -50,10 +50,10 @@ RENAMED_PARAMETERS = {"self_attn.logn_scale": "self_attn.query_head_scale"}
 
 
 # Parameters whose shape changed since checkpoints were first saved: the name -> the old tensor in today's shape. The
-# folded c_q was a vector [H·d_h]; it is now the weight [H·d_h, 1] of a linear layer, so that runtimes that split
-# only linear layers split it with q_proj (layers_angpt.Gain). from_pretrained reshapes it with a weight conversion
-# registered with transformers (`LegacyShape`, also in a remote-code checkpoint's copy of this file), torch's
-# load_state_dict (training's resume) in `rename_old_parameters`.
+# folded c_q was a vector [H·d_h]; it is now the weight [H·d_h, 1] of a map from 1, so that runtimes that split only
+# linear layers can build it as one and split it with q_proj (layers_angpt.Gain). from_pretrained reshapes it with a
+# weight conversion registered with transformers (`LegacyShape`, also in a remote-code checkpoint's copy of this
+# file), torch's load_state_dict (training's resume) in `rename_old_parameters`.
 LEGACY_SHAPES = {"self_attn.query_gain.weight": lambda old: old.unsqueeze(-1) if old.ndim == 1 else old}
 
 
@@ -221,7 +221,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
 
     def post_init(self):
         """transformers' post_init; then torch's load_state_dict also takes a parameter's old name (training resumes
-        a run saved before the rename). A model with the folded c_q (layers_angpt.Gain, a gain held by a linear layer)
+        a run saved before the rename). A model with the folded c_q (layers_angpt.Gain, a gain held as a map from 1)
         keeps it out of quantization (quantizers match these patterns from the start of a module or parameter name)
         and in float32 where transformers keeps modules so."""
         if get_architecture(self.config).query_gain(self.config) is not None:
@@ -270,7 +270,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         arch = self.architecture_strategy
-        if isinstance(module, Gain):  # a linear layer holding a gain, not a matrix
+        if isinstance(module, GAINS):  # a gain held as a map from 1, not a matrix
             init.ones_(module.weight)
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             if getattr(module, "task_head", False):  # classifier heads are ordinary, unconstrained layers
@@ -318,7 +318,7 @@ class AnGPTPreTrainedModel(PreTrainedModel):
         adapters, seen = set(map(id, _adapter_modules(self))), set()
         for module in self.modules():
             if (not isinstance(module, (nn.Linear, nn.Embedding)) or getattr(module, "task_head", False)
-                    or isinstance(module, Gain)  # a linear layer holding a gain, not a matrix
+                    or isinstance(module, GAINS)  # vLLM's build of c_q is a linear layer holding a gain
                     or id(module) in adapters or id(module.weight) in seen):  # a tied head shares the embedding's
                 continue
             seen.add(id(module.weight))

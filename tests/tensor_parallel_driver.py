@@ -7,8 +7,9 @@ parallelism"). One launch for every case keeps the suite's time down.
   checkpoint's own plan), its logits, greedy cached `generate`, `save_pretrained` from the split model;
   for a training checkpoint one AdamW step with the weight constraint on the shards
   (modeling_angpt.training.distributed.apply_weight_constraints), and that constraint alone on weights moved off it;
-- vLLM's rule, emulated: every `nn.Linear` the plan names replaced by this file's column- or row-split layer, every
-  other parameter whole (vLLM's Transformers backend shards nothing else);
+- vLLM's rule, emulated: the model built as vLLM's Transformers backend builds it (attn_implementation "vllm"), every
+  `nn.Linear` the plan names replaced by this file's column- or row-split layer, every other parameter whole (vLLM's
+  Transformers backend shards nothing else);
 - pipeline parallelism by transformers: `DistributedConfig(pp_size=2)`, two stages, the last one's logits;
 - Accelerate's `ParallelismConfig(tp_size=2)` on these CPU processes: what it answers.
 
@@ -27,8 +28,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM
+from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 import modeling_angpt  # noqa: F401 (registers the Auto classes)
 from modeling_angpt.training.distributed import apply_weight_constraints
@@ -140,6 +142,9 @@ class SplitLinear(nn.Module):
 
 
 VLLM_SPLIT_DIMS = {"colwise": 0, "rowwise": 1}
+# vLLM registers its attention function as "vllm" and sets that name before it builds the model; the model builds for
+# it what it splits (layers_angpt.gain_for). Here the name stands for transformers' sdpa while the model is built.
+AttentionInterface.register("vllm", sdpa_attention_forward)
 
 
 def split_as_vllm(model: nn.Module, rank: int, world: int) -> list[str]:
@@ -163,7 +168,9 @@ def split_as_vllm(model: nn.Module, rank: int, world: int) -> list[str]:
 
 
 def vllm_rule_checks(case: Path, rank: int) -> dict:
-    model = load(case).eval()
+    model = AutoModelForCausalLM.from_pretrained(case / "checkpoint", dtype=torch.float32,
+                                                 attn_implementation="vllm").eval()
+    model.set_attn_implementation("sdpa")  # the logits by transformers' attention: vLLM's own kernel is not here
     split = split_as_vllm(model, rank, dist.get_world_size())
     try:
         with torch.no_grad():

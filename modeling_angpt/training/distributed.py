@@ -180,6 +180,9 @@ def apply_weight_constraints(model) -> None:
     matrices' all-reduces on different ranks. Models without a constraint (not this library's) are left alone."""
     if not hasattr(model, "apply_weight_constraints"):
         return
+    if any(hasattr(p, "ds_id") or getattr(p, "_hp_mapping", None) is not None for p in model.parameters()):
+        _apply_under_deepspeed(model)
+        return
     matrices = list(model.constrained_matrices())
     if not any(type(weight).__name__ == "DTensor" for weight, _ in matrices):
         model.apply_weight_constraints()
@@ -192,3 +195,26 @@ def apply_weight_constraints(model) -> None:
             local, groups = _local_shard(weight)
             dim = strategy.norm_axis(residual_output) % weight.ndim if strategy.norm_axis else None
             strategy.constrain_all([(local, residual_output)], reduce_group=groups.get(dim))  # the norm's dim sharded
+
+
+def _apply_under_deepspeed(model) -> None:
+    """The constraint on a model DeepSpeed ZeRO (stage 1-3) holds (docs/tools.md, "DeepSpeed"): its optimiser steps
+    its own float32 master copy, partitioned over the ranks, and copies it into the model's parameters, so projecting
+    the parameters alone would be undone at the next step. Each matrix is gathered whole (ZeRO-3 partitions the
+    parameters too), projected as one process projects it, and written to both: the master copy
+    (deepspeed.utils.safe_set_full_fp32_param) and the parameter (under ZeRO-3 re-partitioned from rank 0's copy,
+    which every rank computed alike). Every rank calls this in the same order: the gathers are collectives."""
+    import deepspeed
+    import torch
+    from deepspeed.utils import safe_get_full_fp32_param, safe_set_full_fp32_param
+
+    strategy = model.architecture_strategy
+    weights = [module.weight for module in model.modules() if isinstance(module, (torch.nn.Linear, torch.nn.Embedding))]
+    with deepspeed.zero.GatheredParameters(weights, modifier_rank=0), torch.no_grad():
+        for weight, residual_output in model.constrained_matrices():
+            master = safe_get_full_fp32_param(weight)
+            whole = (weight.detach().float() if master is None else master).reshape(weight.shape).clone()
+            strategy.constrain(whole, residual_output)
+            if master is not None:
+                safe_set_full_fp32_param(weight, whole)
+            weight.copy_(whole.to(weight.dtype))

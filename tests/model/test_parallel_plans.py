@@ -44,8 +44,8 @@ def test_the_plan_splits_every_projection_and_every_scale_with_its_projection(ar
     for name in scales - {"self_attn.query_gain"}:  # the vector split like its projection's outputs, its module
         assert plan[layer + name + ".weight"] == plan[layer + SPLIT_WITH[name]] == "colwise"  # run on this rank's part
         assert plan[layer + name] == "local_params"
-    if "self_attn.query_gain" in scales:  # the folded c_q is a linear layer (layers_angpt.Gain): vLLM splits it too
-        assert isinstance(block.self_attn.query_gain, nn.Linear) and plan[layer + "self_attn.query_gain"] == "colwise"
+    if "self_attn.query_gain" in scales:  # the folded c_q: a map from 1, split as a linear layer (layers_angpt.Gain)
+        assert plan[layer + "self_attn.query_gain"] == "colwise"
     expected = {"gptplus": set(), "ngpt": {"self_attn.qk_scale", "mlp.up_scale", "mlp.gate_scale"}}
     expected["angpt"] = expected["ngpt"]
     assert scales == ({"self_attn.query_gain"} if folded and architecture != "gptplus" else expected[architecture])
@@ -111,3 +111,27 @@ def test_alibi_under_a_split_is_refused_in_one_line():
     with pytest.raises(ValueError) as refused:
         model(input_ids=torch.arange(5)[None])
     assert str(refused.value) == f"attention_logit_transform='alibi': {HEAD_VALUES_UNSPLIT}"
+
+
+@pytest.mark.parametrize("architecture", ["ngpt", "angpt"])
+def test_the_folded_query_gain_is_a_linear_layer_only_where_vllm_builds_the_model(architecture, monkeypatch):
+    """Tools that take every nn.Linear (torchao's quantize_, PEFT's all-linear, GPTQ/AWQ-style walkers) meet no
+    c_q; vLLM, which splits only nn.Linear modules, builds it as one (layers_angpt.gain_for). Both hold the same
+    weight [H·d_h, 1] under the same name, so one checkpoint loads into either."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from modeling_angpt.layers_angpt import LinearGain
+
+    model = _model(architecture, True)
+    gain = model.model.layers[0].self_attn.query_gain
+    assert not isinstance(gain, nn.Linear) and gain.weight.shape == (32, 1)
+    config = model.config
+    # vLLM registers its attention function as "vllm" and names it in the config before it builds the model
+    monkeypatch.setitem(AttentionInterface._global_mapping, "vllm", sdpa_attention_forward)
+    config._attn_implementation = "vllm"
+    built = AnGPTForCausalLM(config)
+    assert type(built.model.layers[0].self_attn.query_gain) is LinearGain
+    built.load_state_dict(model.state_dict())
+    assert torch.equal(built.model.layers[0].self_attn.query_gain.weight, gain.weight)

@@ -212,7 +212,8 @@ def test_the_weight_constraint_on_shards_is_the_whole_matrix_projection(split_ru
 def test_vllm_rule_split_only_the_linear_layers(split_runs, case):
     work, reports = split_runs
     report = reports[0][case]
-    # every projection the plan names, and the folded nGPT's/anGPT's c_q (a linear layer, layers_angpt.Gain)
+    # every projection the plan names, and the folded nGPT's/anGPT's c_q (built for vLLM as a linear layer,
+    # layers_angpt.gain_for)
     per_layer = 8 if case.startswith(("ngpt_folded", "angpt_folded")) else 7
     assert len(report["vllm_split"]) == per_layer * 2 and "vllm_error" not in report  # 2 layers in every case
     logits = _one_process_logits(work, case)
