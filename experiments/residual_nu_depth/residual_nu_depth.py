@@ -154,7 +154,8 @@ def section(results: list[dict], cfg: dict, command: str) -> str:
         if (name := convergence_runs.run_name(spec)) in by_name:
             runs.append(by_name[name])
     for (layers, alpha, off), runs in settings.items():
-        head = f"| {layers} | {alpha:g} | {layers * alpha:.2f} | {'off' if off else 'on'} | "
+        default = " (default)" if math.isclose(alpha, library_alpha_init(layers)) else ""
+        head = f"| {layers} | {alpha:g}{default} | {layers * alpha:.2f} | {'off' if off else 'on'} | "
         on_finals = [r["final"] for r in settings[layers, alpha, False] if not r["diverged"]] if off else []
         lines.append(head + (row(runs, on_finals, cfg) if runs else "not run yet | | | | | | |"))
     lines += ["", f"![validation loss and the stream's norm per layer, ν(α) on and off]({cfg['plot_link']})"]
@@ -207,18 +208,28 @@ def plot(results: list[dict], cfg: dict, path: pathlib.Path) -> None:
     rf.save_figure(figure, path)
 
 
+def library_alpha_init(layers: int) -> float:
+    """The α init a config that sets none gets at this depth (the papers' 0.05, or 0.10 / layers when deeper:
+    docs/architectures.md, "Deep models start with a smaller α")."""
+    from modeling_angpt import AnGPTConfig
+
+    return AnGPTConfig(architecture="angpt", num_hidden_layers=layers).alpha_init
+
+
 def pair(text: str) -> tuple[int, float]:
+    """LAYERS:ALPHA, where ALPHA `default` is the library's own α init at that depth."""
     try:
         layers, alpha = text.split(":")
-        return int(layers), float(alpha)
+        return int(layers), library_alpha_init(int(layers)) if alpha == "default" else float(alpha)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LAYERS:ALPHA such as 24:0.05, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected LAYERS:ALPHA such as 24:0.05 or 24:default, got {text!r}") from None
 
 
 def parse_config(argv) -> dict:
     parser = argparse.ArgumentParser(description=rf.help_description(__doc__))
     parser.add_argument("--pairs", nargs="+", type=pair, default=[(12, 0.05), (12, 0.0333), (24, 0.05)],
-                        metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs (default: 12:0.05 "
+                        metavar="LAYERS:ALPHA", help="depth and α init of each pair of runs, ALPHA `default` for the "
+                        "library's α init at that depth (default: 12:0.05 "
                         "12:0.0333 24:0.05: the paper's α init, and α·L = 0.4, the largest training does not warn about)")
     study.add_size_arguments(parser, ("default", "device"))  # the convergence experiment's sizes, but its quick one
     parser.add_argument("--lr", type=float, help="peak learning rate (default: anGPT's best at 4 layers, 8e-3, "

@@ -81,3 +81,21 @@ def test_residual_nu_depth_device_size(experiment):
         assert gpu["lr"] == pytest.approx(cpu["lr"] / 2)
     wide = residual_nu_depth.parse_config(["--device", "--hidden", "1024", "--heads", "16", "--lr", "0.001"])
     assert (wide["hidden"], wide["heads"], wide["lr"], wide["vocab"]) == (1024, 16, 0.001, size["vocab"])
+
+
+def test_residual_nu_depth_default_alpha(experiment, capsys):
+    """LAYERS:default is the α init a config that sets none gets at that depth (the papers' 0.05 at 2 layers, 0.10 /
+    layers deeper), and the section marks it as the default; another word is refused in one line."""
+    import residual_nu_depth
+    from modeling_angpt import AnGPTConfig
+
+    cfg = residual_nu_depth.parse_config(["--pairs", "2:default", "24:default", "24:0.0167"])
+    unset = [AnGPTConfig(architecture="angpt", num_hidden_layers=n).alpha_init for n in (2, 24)]
+    assert cfg["pairs"] == [(2, unset[0]), (24, unset[1]), (24, 0.0167)] and unset == [0.05, pytest.approx(0.1 / 24)]
+    cfg.update(machine="Machine: test.", plot_link="plot.png")
+    text = residual_nu_depth.section([], cfg, "command")
+    assert "| 24 | 0.00416667 (default) | 0.10 | on | not run yet" in text and "| 2 | 0.05 (default) | 0.10 |" in text
+    assert "| 24 | 0.0167 | 0.40 | on |" in text
+    with pytest.raises(SystemExit):
+        residual_nu_depth.parse_config(["--pairs", "24:paper"])
+    assert "expected LAYERS:ALPHA such as 24:0.05 or 24:default, got '24:paper'" in capsys.readouterr().err
