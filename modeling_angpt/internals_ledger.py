@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 # The versions each project's entries were checked with: `make test-min-versions` (the floor) and `make test`.
 TRANSFORMERS = ("5.24.0", "5.25.0")
-TORCH = ("2.6.0", "2.13.0")
+TORCH = ("2.8.0", "2.13.0")
 ACCELERATE = ("1.10.0", "1.16.0")
 BITSANDBYTES = ("0.50.2",)
 LM_EVAL = ("0.4.13",)
@@ -58,7 +58,6 @@ def _transformers_model(name: str, why: str) -> Entry:
 
 def _serving(module: str, name: str, used_in: str, why: str, on_instances: bool = False) -> Entry:
     return Entry("transformers", module, name, used_in, why, TRANSFORMERS, on_instances)
-
 
 
 MODEL_ENTRIES = (
