@@ -67,18 +67,17 @@ test-parallel: $(STAMP)
 
 # The declared minimums (docs/usage.md, "Supported versions"): a separate $(MIN_VENV) on the floor's Python, every
 # direct dependency at the lowest version setup.cfg allows (uv's lowest-direct resolution of the package with its
-# [train], [eval] and [trackers] extras and [dev]'s test tools, plus the [tools] pins that install beside the floors' torch: the server,
-# bitsandbytes, PEFT; torchao 0.18 needs torch 2.11, TRL 1.16 datasets 4.7, so their tests stay with make
-# test-tools). Then make test's pytest and the serving, continuous batching, quantization and PEFT tests. torch's
-# floor comes from PyPI as its CUDA build (about 2.5 GB with the NVIDIA libraries; it runs on a CPU too), downloaded
-# once into uv's cache.
+# [train], [eval] and [trackers] extras and [dev]'s test tools, plus the [tools] pins that install beside the floors'
+# torch: bitsandbytes, PEFT; torchao 0.18 needs torch 2.11, TRL 1.16 datasets 4.7, and angpt serve transformers 5.25,
+# so their tests stay with make test-tools). Then make test's pytest and the continuous batching, quantization and
+# PEFT tests. torch's floor comes from PyPI as its CUDA build (about 2.5 GB with the NVIDIA libraries; it runs on a
+# CPU too), downloaded once into uv's cache.
 MIN_VENV := .venv-min
 MIN_PYTHON ?= python3.11
 MIN_TOOLS := "transformers[serving]>=5.24,<6" bitsandbytes==0.50.2 peft==0.21.2 openai==3.63.0 "httpx>=0.27"
 MIN_TEST_TOOLS := "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "parameterized>=0.9" "vermin>=1.6"
-MIN_TOOLS_TESTS := tests/tools/test_serve.py tests/tools/test_serve_guard.py tests/tools/test_serving_requests.py \
-	tests/tools/test_continuous_batching.py tests/tools/test_quantization.py tests/tools/test_bnb_4bit_paths.py \
-	tests/tools/test_peft.py
+MIN_TOOLS_TESTS := tests/tools/test_continuous_batching.py tests/tools/test_quantization.py \
+	tests/tools/test_bnb_4bit_paths.py tests/tools/test_peft.py
 test-min-versions: $(STAMP)
 	rm -rf $(MIN_VENV)
 	$(VENV)/bin/uv venv -q --python $(MIN_PYTHON) $(MIN_VENV)

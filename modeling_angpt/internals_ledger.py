@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 # The versions each project's entries were checked with: `make test-min-versions` (the floor) and `make test`.
 TRANSFORMERS = ("5.24.0", "5.25.0")
+# transformers' server before 5.25 has no engine client or model loader to replace: angpt serve needs 5.25 ([tools])
+TRANSFORMERS_SERVER = ("5.25.0",)
 TORCH = ("2.8.0", "2.13.0")
 ACCELERATE = ("1.10.0", "1.16.0")
 BITSANDBYTES = ("0.50.2",)
@@ -57,7 +59,7 @@ def _transformers_model(name: str, why: str) -> Entry:
 
 
 def _serving(module: str, name: str, used_in: str, why: str, on_instances: bool = False) -> Entry:
-    return Entry("transformers", module, name, used_in, why, TRANSFORMERS, on_instances)
+    return Entry("transformers", module, name, used_in, why, TRANSFORMERS_SERVER, on_instances)
 
 
 MODEL_ENTRIES = (
@@ -253,11 +255,15 @@ def serving_refusal() -> str | None:
     and reads internals of transformers' server (SERVING_ENTRIES) that any minor release may change: a release
     newer than those checked is refused unless UNTESTED_VARIABLE=1, and a name any release lacks always is."""
     installed = installed_version("transformers")
-    newest = max(TRANSFORMERS, key=_minor)
+    oldest, newest = min(TRANSFORMERS_SERVER, key=_minor), max(TRANSFORMERS_SERVER, key=_minor)
+    if installed is not None and _minor(installed) < _minor(oldest):
+        return (f"transformers {installed} is older than angpt serve needs: its server has no engine client and "
+                f"model loader to replace before {oldest} (modeling_angpt/internals_ledger.py); install "
+                f"'transformers[serving]>={oldest}' (the [tools] extra)")
     if installed is not None and _minor(installed) > _minor(newest) and os.environ.get(UNTESTED_VARIABLE) != "1":
         return (f"transformers {installed} is newer than the versions angpt serve was checked with "
-                f"({', '.join(TRANSFORMERS)}): it replaces parts of transformers' server that a minor release may "
-                f"change (modeling_angpt/internals_ledger.py); install 'transformers<{_minor(newest)[0]}."
+                f"({', '.join(TRANSFORMERS_SERVER)}): it replaces parts of transformers' server that a minor release "
+                f"may change (modeling_angpt/internals_ledger.py); install 'transformers<{_minor(newest)[0]}."
                 f"{_minor(newest)[1] + 1}', or set {UNTESTED_VARIABLE}=1 to try it")
     missing = missing_entries(SERVING_ENTRIES)
     return missing[0] if missing else None

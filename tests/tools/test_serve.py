@@ -111,7 +111,8 @@ def _serve_on_a_taken_port(checkpoints, capsys) -> tuple[int, str, int]:
 
 def test_a_newer_transformers_than_checked_is_refused_before_the_port(checkpoints, capsys, monkeypatch):
     """modeling_angpt/internals_ledger.py: the server replaces internals of transformers' that a minor release may
-    change; a release newer than the ledger's is refused in one line, unless the user asks to try it."""
+    change; a release newer than the ledger's is refused in one line, unless the user asks to try it, and one older
+    than its server needs (5.24 has no engine client) always."""
     from modeling_angpt import internals_ledger
 
     real = internals_ledger.installed_version
@@ -120,10 +121,15 @@ def test_a_newer_transformers_than_checked_is_refused_before_the_port(checkpoint
     status, error, _ = _serve_on_a_taken_port(checkpoints, capsys)
     assert status == 1 and len(error.splitlines()) == 1, error
     assert error.startswith("angpt serve: error: transformers 5.99.0 is newer than the versions angpt serve was "
-                            "checked with (5.24.0, 5.25.0)") and "ANGPT_UNTESTED_TRANSFORMERS=1" in error, error
+                            "checked with (5.25.0)") and "ANGPT_UNTESTED_TRANSFORMERS=1" in error, error
     monkeypatch.setenv("ANGPT_UNTESTED_TRANSFORMERS", "1")
     status, error, port = _serve_on_a_taken_port(checkpoints, capsys)
     assert status == 1 and error.endswith(f"127.0.0.1:{port} is already in use; pick another port"), error
+    monkeypatch.setattr(internals_ledger, "installed_version",
+                        lambda name: "5.24.0" if name == "transformers" else real(name))
+    status, error, _ = _serve_on_a_taken_port(checkpoints, capsys)
+    assert status == 1 and error.startswith("angpt serve: error: transformers 5.24.0 is older than angpt serve "
+                                            "needs"), error
 
 
 def test_a_server_internal_gone_is_refused_in_one_line_naming_it(checkpoints, capsys, monkeypatch):
