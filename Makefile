@@ -87,7 +87,7 @@ test-min-versions: $(STAMP)
 	$(VENV)/bin/uv pip list --python $(MIN_VENV)/bin/python | grep -iE \
 		'^(torch|transformers|accelerate|datasets|safetensors|tokenizers|huggingface-hub|bitsandbytes|peft|lm-eval) '
 	$(MIN_VENV)/bin/python -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) \
-		-p no:cacheprovider --durations=5
+		-p no:cacheprovider --durations=5 --ignore=tests/tools/test_serving_requests.py
 	$(MIN_VENV)/bin/python -m pytest -q -m "tools and not slow and not gpu" -k "not torchao" -p no:cacheprovider \
 		$(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) --durations=5 $(MIN_TOOLS_TESTS)
 
