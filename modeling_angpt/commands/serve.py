@@ -79,6 +79,14 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..internals_ledger import serving_refusal
+
+    # transformers' server internals this one replaces: checked before they are imported, the port bound or the
+    # model loaded (modeling_angpt/internals_ledger.py)
+    refusal = serving_refusal()
+    if refusal is not None:
+        print(f"angpt serve: error: {refusal}", file=sys.stderr)
+        return 1
     from ..checkpoint_check import CheckpointError
     from ..serving import (ServeError, ServeOptions, check_checkpoint_servable, check_port_free,
                            open_to_others_warning, serve_checkpoint)

@@ -94,3 +94,49 @@ def test_a_cpu_server_sizes_its_cache_for_the_model_not_for_ram():
     assert with_cpu_cache_sizes(chosen, 1000) == chosen  # a --cb-* flag: the user's sizes, transformers' for the rest
     assert with_cpu_cache_sizes(ServeOptions("ckpt", device="cuda"), 1000).cb_num_blocks is None
     assert with_cpu_cache_sizes(ServeOptions("ckpt", device="cpu", max_model_len=200), 1000).cb_num_blocks == 50
+
+
+def _serve_on_a_taken_port(checkpoints, capsys) -> tuple[int, str, int]:
+    """`angpt serve` on a port already taken: (exit status, its stderr, the port). A refusal that comes before the
+    port is bound is the only line; the port's own error comes after it."""
+    from modeling_angpt.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        status = main(["serve", str(checkpoints / "folded"), "--port", str(port)])
+    return status, capsys.readouterr().err.strip(), port
+
+
+def test_a_newer_transformers_than_checked_is_refused_before_the_port(checkpoints, capsys, monkeypatch):
+    """modeling_angpt/internals_ledger.py: the server replaces internals of transformers' that a minor release may
+    change; a release newer than the ledger's is refused in one line, unless the user asks to try it, and one older
+    than its server needs (5.24 has no engine client) always."""
+    from modeling_angpt import internals_ledger
+
+    real = internals_ledger.installed_version
+    monkeypatch.setattr(internals_ledger, "installed_version",
+                        lambda name: "5.99.0" if name == "transformers" else real(name))
+    status, error, _ = _serve_on_a_taken_port(checkpoints, capsys)
+    assert status == 1 and len(error.splitlines()) == 1, error
+    assert error.startswith("angpt serve: error: transformers 5.99.0 is newer than the versions angpt serve was "
+                            "checked with (5.25.0)") and "ANGPT_UNTESTED_TRANSFORMERS=1" in error, error
+    monkeypatch.setenv("ANGPT_UNTESTED_TRANSFORMERS", "1")
+    status, error, port = _serve_on_a_taken_port(checkpoints, capsys)
+    assert status == 1 and error.endswith(f"127.0.0.1:{port} is already in use; pick another port"), error
+    monkeypatch.setattr(internals_ledger, "installed_version",
+                        lambda name: "5.24.0" if name == "transformers" else real(name))
+    status, error, _ = _serve_on_a_taken_port(checkpoints, capsys)
+    assert status == 1 and error.startswith("angpt serve: error: transformers 5.24.0 is older than angpt serve "
+                                            "needs"), error
+
+
+def test_a_server_internal_gone_is_refused_in_one_line_naming_it(checkpoints, capsys, monkeypatch):
+    from transformers.cli.serving import model_manager
+
+    monkeypatch.delattr(model_manager.EngineClient, "_mark_dead")
+    status, error, _ = _serve_on_a_taken_port(checkpoints, capsys)
+    assert status == 1 and len(error.splitlines()) == 1, error
+    assert "has no transformers.cli.serving.model_manager.EngineClient._mark_dead, which modeling_angpt/serving.py " \
+           "uses" in error, error
