@@ -33,13 +33,24 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+try:  # torch.distributed.checkpoint's reusable stager: torch 2.9 and later (the torch floor is 2.8: docs/usage.md)
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+except ImportError:
+    DefaultStager = StagingOptions = None
 
 METADATA = ".metadata"  # DCP writes it last, on rank 0, once every rank's data is written
 
 
 class AsyncCheckpointError(RuntimeError):
     """A save that failed on some rank, or a directory that holds no complete checkpoint."""
+
+
+def check_supported() -> None:
+    """One line when this torch lacks what an asynchronous checkpoint needs."""
+    if DefaultStager is None:
+        raise ValueError(f"recipe key async_checkpoint: true needs torch.distributed.checkpoint's DefaultStager, which "
+                         f"torch {torch.__version__} lacks: install torch 2.9 or newer, or set async_checkpoint: false")
 
 
 def _distributed() -> bool:
@@ -59,6 +70,7 @@ class AsyncCheckpointer:
     points of training (step boundaries), as it would call a collective."""
 
     def __init__(self) -> None:
+        check_supported()
         distributed = _distributed()
         self._write_group = dist.new_group(backend="gloo") if distributed else None
         self._vote_group = dist.new_group(backend="gloo") if distributed else None

@@ -141,6 +141,10 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool = False):
     the output directory's rules are in run_dir.py (runs never mix)."""
     check_launch_environment()
     check_installed(recipe.report_to)
+    if recipe.async_checkpoint:
+        from .async_checkpoint import check_supported
+
+        check_supported()
     source = resolve_source(recipe.dataset)
     config = build_config(recipe)
     resume_from = run_dir.prepare_output_dir(recipe, config, resume, overwrite)

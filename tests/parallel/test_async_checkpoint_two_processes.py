@@ -19,7 +19,11 @@ from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
 from modeling_angpt.training.async_checkpoint import load_model_and_optimizer
 from training_fixtures import REPO
 
-pytestmark = pytest.mark.parallel
+from modeling_angpt.training import async_checkpoint  # noqa: E402
+
+pytestmark = [pytest.mark.parallel,
+              pytest.mark.skipif(async_checkpoint.DefaultStager is None,
+                                 reason=f"torch {torch.__version__} has no DefaultStager (async_checkpoint needs 2.9+)")]
 
 MODES = ("ddp", "fsdp2")
 
