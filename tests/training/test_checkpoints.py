@@ -10,7 +10,7 @@ import os
 import pytest
 from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
-from modeling_angpt.training import checkpoints
+from modeling_angpt.training import async_checkpoint, checkpoints
 from modeling_angpt.training.checkpoints import CheckpointError, problem, resume_candidates
 
 
@@ -88,7 +88,7 @@ def test_a_complete_checkpoint_that_does_not_load_is_named_and_the_one_before_is
     assert resumed.start_step == 2 and resumed.step == 6
 
 
-@pytest.mark.skipif(__import__("modeling_angpt.training.async_checkpoint", fromlist=["x"]).DefaultStager is None,
+@pytest.mark.skipif(async_checkpoint.DefaultStager is None,
                     reason="this torch has no DefaultStager (async_checkpoint needs 2.9+)")
 def test_asynchronous_checkpoints_commit_and_resume_as_the_synchronous_ones(write_recipe, tmp_path):
     """async_checkpoint: the step-2 and step-4 checkpoints are written in the background and committed (marker, rename)
