@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+import modeling_angpt.training.checkpoints as checkpoints
 import modeling_angpt.training.loop as loop
 from modeling_angpt.training import load_recipe, train
 from modeling_angpt.training.preemption import PREEMPTED_EXIT_CODE, Preempted
@@ -24,7 +25,10 @@ def main() -> int:
     parser.add_argument("--signal-after", type=int)
     parser.add_argument("--signal-rank", type=int, default=0)
     parser.add_argument("--override", action="append", default=[])
+    parser.add_argument("--kill-in-save")
     args = parser.parse_args()
+    if args.kill_in_save:
+        _kill_in_save(*args.kill_in_save.split(":"))
     recipe = load_recipe(args.recipe, args.override)
     rank = int(os.environ.get("RANK", "0"))
     records = []
@@ -50,6 +54,21 @@ def main() -> int:
     out.write_text("".join(json.dumps({"step": start + i + 1, "micro_batches": hashes}) + "\n"
                            for i, hashes in enumerate(records)))
     return status
+
+
+def _kill_in_save(step: str, moment: str) -> None:
+    assert moment in ("before-marker", "before-rename"), moment
+    write_marker = checkpoints.write_marker
+
+    def killing(directory: Path) -> None:
+        doomed = directory.name == f".tmp_{checkpoints.checkpoint_path(Path('.'), int(step)).name}"
+        if doomed and moment == "before-marker":
+            os.kill(os.getpid(), signal.SIGKILL)
+        write_marker(directory)
+        if doomed:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoints.write_marker = killing
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ PREEMPTED = 75
 
 
 def _launch(recipe: Path, label: str, processes: int | str, *overrides: str, resume: str | None = None,
-            signal_after: int | None = None, signal_rank: int = 0) -> subprocess.CompletedProcess:
+            signal_after: int | None = None, signal_rank: int = 0,
+            kill_in_save: str | None = None) -> subprocess.CompletedProcess:
     """`processes`: 1, 2 (DDP under torchrun) or "fsdp2" (2 processes, FSDP2, launched by accelerate)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -41,6 +42,8 @@ def _launch(recipe: Path, label: str, processes: int | str, *overrides: str, res
         command += ["--resume", resume]
     if signal_after is not None:
         command += ["--signal-after", str(signal_after), "--signal-rank", str(signal_rank)]
+    if kill_in_save:
+        command += ["--kill-in-save", kill_in_save]
     return subprocess.run(command + [a for o in overrides for a in ("--override", o)], capture_output=True, text=True, timeout=400, env=env,
                           cwd=REPO)
 
@@ -176,21 +179,17 @@ def test_the_named_signal_stops_the_command_with_a_checkpoint_and_resume_auto_co
     assert cli.returncode == 0 and f"resumed from {run / 'checkpoints' / f'step_{step:07d}'}" in out + err, err
 
 
-def test_a_kill_during_a_save_leaves_no_checkpoint_that_resume_would_take(write_recipe, tmp_path):
-    """SIGKILL while the second checkpoint is written (its temporary directory exists): --resume takes the first."""
-    import signal
-
+@pytest.mark.parametrize("moment", ["before-marker", "before-rename"])
+def test_a_kill_during_a_save_leaves_no_checkpoint_that_resume_would_take(write_recipe, tmp_path, moment):
+    """SIGKILL while step 8's checkpoint is committed (every file written; the marker not yet, or the marker but not
+    the rename): --resume takes step 4, and the next save of step 8 replaces the debris."""
     run = tmp_path / "run"
-    recipe = write_recipe(max_steps=400, eval_steps=0, save_steps=4, save_total_limit=1, logging_steps=1,
-                          report_to=["jsonl"])
-    cli = _start_cli(str(recipe))
+    recipe = write_recipe(max_steps=12, eval_steps=0, save_steps=4, save_total_limit=1, logging_steps=1)
+    killed = _launch(recipe, "killed", 1, kill_in_save=f"8:{moment}")
+    assert killed.returncode == -9, killed.stderr[-3000:]
     root = run / "checkpoints"
-    _wait_for(lambda: (root / "step_0000004").is_dir() and any(root.glob(".tmp_step_*")), cli)
-    cli.send_signal(signal.SIGKILL)
-    cli.communicate(timeout=60)
-    complete = [p.name for p in root.glob("step_*")]
-    assert "step_0000004" in complete
-    cli = _start_cli(str(recipe), "--resume", "-o", "max_steps=6")
+    assert sorted(p.name for p in root.iterdir()) == [".tmp_step_0000008", "step_0000004"]
+    cli = _start_cli(str(recipe), "--resume", "-o", "max_steps=8")
     out, err = cli.communicate(timeout=300)
-    newest = sorted(complete)[-1]  # the kill may land after the rename: then that one is complete and taken
-    assert cli.returncode == 0 and f"resumed from {root / newest}" in out + err, err[-3000:]
+    assert cli.returncode == 0 and f"resumed from {root / 'step_0000004'}" in out + err, err[-3000:]
+    assert sorted(p.name for p in root.iterdir()) == ["step_0000008"]
