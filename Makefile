@@ -12,7 +12,7 @@ DEMO_RECIPE := configuration/recipes/demo_cpu.yaml
 TORCH ?= torch==2.13.0
 TORCH_INDEX_URL ?=
 
-.PHONY: venv install demo test test-experiments test-tools test-parallel test-transformers test-min-versions bench \
+.PHONY: venv install demo test test-experiments test-docs test-tools test-parallel test-transformers test-min-versions bench \
 	bench-gpu clean
 
 $(STAMP): setup.cfg pyproject.toml
@@ -47,6 +47,12 @@ $(DEMO_DIR)/folded/config.json: $(DEMO_DIR)/final/config.json
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -x $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) --durations=15
+
+# The README's tour (train, fold, evaluate, generate, compare on the CPU, about 2 minutes) and the docs' experiment
+# and benchmark commands (each script's --help names every option they pass): make test's budget leaves them out.
+test-docs: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m docs_commands -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
+		--durations=5 tests/commands/test_readme.py
 
 # The experiments' smoke tests (experiments/*/test_*.py: each study's scripts end to end on tiny models); `make test`
 # collects tests/ only.

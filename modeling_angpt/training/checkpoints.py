@@ -48,6 +48,11 @@ def data_state_file(path: Path, rank: int) -> Path:
     return Path(path) / f"data_state_{rank}.pt"
 
 
+def data_state_files(path: Path) -> list[Path]:
+    """Every process's data state in checkpoint `path` (a stream's parts, streaming.py)."""
+    return sorted(Path(path).glob("data_state_*.pt"))
+
+
 def _committed(root: Path) -> list[Path]:
     """step_* directories, oldest first (temporary ones start with '.' and never match)."""
     return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []

@@ -242,10 +242,12 @@ def prepared_datasets(recipe, source: DataSource):
     return tokenizer, train, val, info
 
 
-def build_datasets(recipe, source: DataSource, main_process_first, rank: int = 0, processes: int = 1):
+def build_datasets(recipe, source: DataSource, main_process_first, rank: int = 0, processes: int = 1,
+                   stream_parts: int | None = None):
     """(tokenizer, train_dataset, val_dataset, info). `main_process_first` is accelerate's context manager:
     rank 0 trains the tokenizer and writes the cache, the other ranks then read it. A prepared directory is read
-    in place; a stream gives this process (`rank` of `processes`) its own part (streaming.py)."""
+    in place; a stream split into `stream_parts` parts (the run's, resume.stream_parts; default `processes`) gives
+    this process (`rank` of `processes`) its parts (streaming.py)."""
     if source.kind == "prepared":
         return prepared_datasets(recipe, source)
     cache_dir = Path(recipe.data_cache_dir) if recipe.data_cache_dir else default_cache_dir(source)
@@ -257,8 +259,9 @@ def build_datasets(recipe, source: DataSource, main_process_first, rank: int = 0
         if recipe.streaming:
             from .streaming import stream_datasets
 
-            train, val = stream_datasets(ds, tokenizer, recipe, source.builder, rank, processes)
-            info = {"dataset": source.name, "streaming": True, "val_blocks": len(val)}
+            parts = stream_parts or processes
+            train, val = stream_datasets(ds, tokenizer, recipe, source.builder, rank, processes, parts)
+            info = {"dataset": source.name, "streaming": True, "stream_parts": parts, "val_blocks": len(val)}
             return tokenizer, train, BlockDataset(val), info
         key = digest({"source": source_fingerprint(source, recipe), "tokenizer": tokenizer.name_or_path,
                        "vocab": len(tokenizer), "block": recipe.block_size})

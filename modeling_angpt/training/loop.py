@@ -32,7 +32,7 @@ from .model_setup import (apply_constraints, architecture_defaults, blow_up_knob
                           compile_blocks)
 from .norm_health import NormProbe
 from .preemption import Preempted, announce, stop_on_signals
-from .resume import geometry, load_checkpoint
+from .resume import check_stream_parts, geometry, launched_processes, load_checkpoint, stream_parts
 from .optim import build_optimizer, build_scheduler
 from .rank_watch import resume_command, watch_ranks
 from .recipe import Recipe
@@ -148,16 +148,20 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool = False):
     source = resolve_source(recipe.dataset)
     config = build_config(recipe)
     resume_from = run_dir.prepare_output_dir(recipe, config, resume, overwrite)
+    if recipe.streaming and not resume_from:  # a resumed stream was checked against its checkpoint
+        check_stream_parts(stream_parts(recipe, launched_processes(), []), geometry(recipe, launched_processes()))
     return source, config, resume_from
 
 
-def build_run(recipe: Recipe, source, config) -> Run:
+def build_run(recipe: Recipe, source, config, candidates: list[Path] = ()) -> Run:
+    """`candidates`: the checkpoints the run resumes from (a stream keeps the split into parts they record)."""
     from accelerate.utils import set_seed
 
     accelerator = make_accelerator(recipe)
     set_seed(recipe.seed)  # before the model: the initial weights are a function of the seed
-    tokenizer, train_ds, val_ds, data_info = build_datasets(recipe, source, accelerator.main_process_first,
-                                                            accelerator.process_index, accelerator.num_processes)
+    tokenizer, train_ds, val_ds, data_info = build_datasets(
+        recipe, source, accelerator.main_process_first, accelerator.process_index, accelerator.num_processes,
+        stream_parts(recipe, accelerator.num_processes, candidates))
     if recipe.dataset_kind == "needle":
         train_ds, val_ds, data_info = needle_datasets(recipe, tokenizer, train_ds, val_ds, data_info)
     model = build_model(recipe, config, tokenizer)
@@ -211,7 +215,7 @@ def train(recipe: Recipe, resume: bool | str = False, stop_after_steps: int | No
 def _train(recipe: Recipe, resume: bool | str, stop_after_steps: int | None, overwrite: bool, stop) -> TrainResult:
     source, config, candidates = preflight(recipe, resume, overwrite)
     model_config = run_dir.comparable_config(config)
-    run = build_run(recipe, source, config)
+    run = build_run(recipe, source, config, candidates)
     run.stop = stop
     with watch_ranks(run.accelerator, recipe.output_dir):  # a lost rank stops the run in one line (rank_watch.py)
         return _train_built(run, model_config, candidates, stop_after_steps)
@@ -223,9 +227,10 @@ def _resume(run: Run, candidates: list[Path]) -> dict:
     path, state = checkpoints.load_newest(
         acc, candidates, lambda a, p: load_checkpoint(a, p, geometry(run.recipe, a.num_processes), run.model,
                                                       run.optimizer, run.scheduler))
-    data_state = checkpoints.data_state_file(path, acc.process_index)
-    if data_state.is_file():
-        run.train_dl.load_state_dict(torch.load(data_state, weights_only=False))
+    if run.recipe.streaming:  # every part's position, whichever process saved it (streaming.py)
+        from .streaming import saved_stream_state
+
+        run.train_dl.load_state_dict(saved_stream_state(checkpoints.data_state_files(path)))
     acc.print(f"resumed from {path} at step {state['step']}")
     return state
 
@@ -235,6 +240,8 @@ def _train_built(run: Run, model_config, candidates: list[Path], stop_after_step
     resume_from = _resume(run, candidates) if candidates else None
     state = resume_from or {"step": 0, "batches": 0, "tokens": 0, "losses": [], "val_losses": [],
                             **geometry(recipe, acc.num_processes)}
+    if "stream_parts" in run.data_info:
+        state["stream_parts"] = run.data_info["stream_parts"]
     start_step = state["step"]
     resume_step = start_step if resume_from is not None else None
     start_trackers(acc, recipe, output_dir, resume_step)  # first: a tracker that cannot start leaves no run behind

@@ -80,6 +80,8 @@ class Recipe:
     validation_fraction: float = _key(0.05, "share held out for validation: of the blocks of a corpus tokenised at "
                                             "start, of the documents of a stream or a prepared corpus")
     validation_blocks: int = _key(64, "streaming only: validation is the first N blocks of the held-out documents")
+    stream_parts: int = _key(0, "streaming only: the parts the stream is split into, fixed at the run's first start "
+                                "(0: its number of processes); it resumes on any number of processes dividing it")
     data_seed: int = _key(1234, "fixes the train/validation split independently of `seed`")
     tokenizer: str | None = _key(None, "HF tokenizer name/path; None trains a byte-level BPE")
     tokenizer_vocab_size: int = _key(8192, "vocabulary of the trained BPE (tokenizer: None)")
@@ -162,6 +164,8 @@ class Recipe:
                              f"tokenizer={self.tokenizer!r} is used as it is (drop one of the two)")
         if self.dataset_kind not in ("blocks", "needle"):
             raise ValueError(f"recipe key dataset_kind={self.dataset_kind!r} is not valid; expected blocks or needle")
+        if self.stream_parts < 0 or (self.stream_parts and not self.streaming):
+            raise ValueError(f"recipe key stream_parts={self.stream_parts!r} must be >= 0, and is for streaming: true")
         if self.dataset_kind == "needle" and (self.streaming or self.needle_examples <= 0):
             raise ValueError("recipe key dataset_kind='needle' needs streaming: false and needle_examples > 0")
         if self.torch_compile_mode is not None and self.torch_compile_mode not in COMPILE_MODES:

@@ -5,9 +5,9 @@ What a run's batches depend on is the global batch of an optimiser step: per-dev
 (`global_batch`). The data position a checkpoint records is global (the blocks of the run's block order consumed so
 far, train_loader.BlockOrder), so a launch with another number of processes that keeps the global batch, by changing
 `per_device_train_batch_size` or `gradient_accumulation_steps`, continues with exactly the blocks the first launch
-would have read next, step by step. A launch that cannot keep it is refused in one line. A stream's position is each
-process's own place in its part of the source (streaming.py), so a stream resumes on the number of processes that
-wrote it.
+would have read next, step by step. A launch that cannot keep it is refused in one line. A stream is split into
+`stream_parts` parts fixed at the first start, each with its own saved position (streaming.py): it resumes on any
+number of processes that divides that number of parts.
 
 Model, optimiser and schedule: under DDP, `Accelerator.save_state` writes them whole, and any number of processes
 loads them; under FSDP2 the sharded state goes through torch.distributed.checkpoint, which reshards on load to the
@@ -23,6 +23,7 @@ from pathlib import Path
 from .checkpoints import ASYNC_STATE_DIR, read_state
 
 GEOMETRY_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_processes")
+# a stream's checkpoint also records "stream_parts" (saved_stream_parts)
 
 
 def launched_processes() -> int:
@@ -48,7 +49,8 @@ def saved_geometry(path: Path, recorded_recipe: dict) -> dict:
     """The batch geometry that wrote the checkpoint: its own record, or (checkpoints of earlier versions) the run's
     recipe.json and the process count the checkpoint names."""
     state = read_state(path)
-    return {key: state.get(key, recorded_recipe.get(key, 1)) for key in GEOMETRY_KEYS}
+    saved = {key: state.get(key, recorded_recipe.get(key, 1)) for key in GEOMETRY_KEYS}
+    return saved | ({"stream_parts": state["stream_parts"]} if "stream_parts" in state else {})
 
 
 def check_geometry(path: Path, saved: dict, now: dict, streaming: bool) -> None:
@@ -61,11 +63,32 @@ def check_geometry(path: Path, saved: dict, now: dict, streaming: bool) -> None:
                 f"{now['num_processes']} processes cannot split it: launch a number of processes that divides it")
         raise ValueError(f"--resume: checkpoint {path} was trained with a global batch of {_described(saved)}; "
                          f"this launch gives {_described(now)}: keep the global batch ({hint})")
-    if streaming and saved["num_processes"] != now["num_processes"]:
-        raise ValueError(f"--resume: checkpoint {path} of a stream (streaming: true) was written by "
-                         f"{saved['num_processes']} process(es), this launch has {now['num_processes']}: a stream's "
-                         "position is each process's place in its own part of the source, so launch it with "
-                         f"{saved['num_processes']}, or prepare the corpus (angpt prepare) to resume on any number")
+    if streaming:
+        check_stream_parts(saved_stream_parts(saved), now, f"--resume: the stream of checkpoint {path}")
+
+
+def saved_stream_parts(saved: dict) -> int:
+    """A stream checkpoint's number of parts; checkpoints of earlier versions split the stream by process."""
+    return saved.get("stream_parts") or saved["num_processes"]
+
+
+def stream_parts(recipe, processes: int, candidates: list[Path]) -> int | None:
+    """The run's number of stream parts: the checkpoint's when resuming, else the recipe's, else `processes`."""
+    if not recipe.streaming:
+        return None
+    if candidates:
+        return saved_stream_parts(saved_geometry(candidates[0], {}))
+    return recipe.stream_parts or processes
+
+
+def check_stream_parts(parts: int, now: dict, what: str = "the stream (streaming: true)") -> None:
+    """Refuse, in one line, a stream split that the launch cannot read in equal shares: every process reads
+    parts/processes parts, and every step takes global batch/parts blocks of each part (streaming.py)."""
+    processes, step = now["num_processes"], global_batch(now)
+    if parts % processes or step % parts:
+        raise ValueError(f"{what} is split into {parts} parts (recipe key stream_parts): it runs on a number of processes "
+                         f"that divides {parts} with a global batch that {parts} divides; this launch has "
+                         f"{processes} processes and a global batch of {_described(now)}")
 
 
 FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"  # Accelerate's sharded layout (DCP)

@@ -5,8 +5,8 @@ than memory" and "Checkpoints and resuming"):
   computes its own block indices from (seed, global micro-batch, rank) (`BlockOrder`, below), reads them (from memory
   or the memory maps), and puts them on its device; resume starts the function at the batch reached, in constant
   time.
-- a stream (streaming.py): each process reads its own part through a StatefulDataLoader, whose state is saved with
-  every checkpoint and restored on resume.
+- a stream (streaming.py): each process reads its parts of the stream, each through a StatefulDataLoader, whose
+  state is saved with every checkpoint and restored on resume, by whichever process reads that part then.
 
 The batch order (`BlockOrder`) is a pure function of (seed, global micro-batch index, rank), and the data position
 a run records is global: a micro-batch index of the whole run, whose blocks are the same whatever number of
@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .streaming import PackedStream, stream_loader
+from .streaming import StreamParts
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -104,8 +104,8 @@ def make_train_loader(recipe, accelerator, train_ds):
     """This process's training loader. Blocks in memory, prepared shards and needle examples are read in the
     `BlockOrder` of (seed, global micro-batch): each process computes its own slice, nothing is sent between them."""
     batch_size, workers = recipe.per_device_train_batch_size, recipe.dataloader_num_workers
-    if isinstance(train_ds, PackedStream):
-        return stream_loader(train_ds, recipe)
+    if isinstance(train_ds, StreamParts):  # already this process's loaders (streaming.py)
+        return train_ds
     order = BlockOrder(len(train_ds), batch_size, accelerator.num_processes, accelerator.process_index,
                        recipe.seed, recipe.gradient_accumulation_steps)
     return torch.utils.data.DataLoader(train_ds, batch_size=batch_size, sampler=StepSampler(order),
@@ -119,27 +119,20 @@ def _on_device(accelerator, loader):
 
 def batch_stream(accelerator, dataloader, batches_done: int):
     """Batches forever, starting after `batches_done` micro-batches of this process (for resume)."""
-    if isinstance(dataloader.dataset, PackedStream):
-        # A restored StatefulDataLoader continues where its checkpoint stood; at the stream's end it starts over.
-        while True:
-            produced = False
-            for batch in _on_device(accelerator, dataloader):
-                produced = True
-                yield batch
-            if not produced:
-                raise ValueError("the stream yields no training batch: lower per_device_train_batch_size or "
-                                 "block_size")
+    if isinstance(dataloader, StreamParts):  # restored, each part continues where its checkpoint stood
+        yield from _on_device(accelerator, dataloader.batches())
+        return
     dataloader.sampler.start = batches_done   # the sampler never ends: the loop stops at max_steps
     yield from _on_device(accelerator, dataloader)
 
 
 def data_epoch(dataloader, batches_done: int) -> int:
     """Which pass over the training data `batches_done` batches reached (recorded in checkpoints)."""
-    if isinstance(dataloader.dataset, PackedStream):
+    if isinstance(dataloader, StreamParts):
         return 0
     return batches_done // dataloader.sampler.order.per_epoch
 
 
 def loader_state(dataloader) -> dict | None:
     """What a checkpoint must hold to resume this process's data exactly, beyond the batch count."""
-    return dataloader.state_dict() if isinstance(dataloader.dataset, PackedStream) else None
+    return dataloader.state_dict() if isinstance(dataloader, StreamParts) else None

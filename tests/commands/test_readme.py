@@ -85,6 +85,7 @@ def test_readme_and_docs_stand_alone():
         assert f"docs/{page.name}" in readme, page
 
 
+@pytest.mark.docs_commands
 def test_results_pages_name_scripts_and_options_that_exist():
     """The commands the README and the docs give for the experiments and benchmarks (`python experiments/...`,
     `python bench/...`) name scripts that exist, and every option they pass is one the script's --help lists."""
@@ -116,6 +117,7 @@ def _workdir(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.docs_commands
 def test_readme_tour_runs_verbatim_in_order(tmp_path):
     tours = [b for b in shell_blocks() if "tour_cpu.yaml" in b]
     assert len(tours) == 1, "the README's tour is one shell block"

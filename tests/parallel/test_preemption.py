@@ -137,6 +137,49 @@ def test_fsdp2_checkpoints_reshard_to_one_process_and_back(write_recipe, tmp_pat
     assert worst <= max(1e-5, 2 * floor), (worst, floor)
 
 
+def test_a_stream_resumed_on_other_process_counts_trains_on_the_blocks_of_an_uninterrupted_run(write_recipe, tmp_path):
+    """A stream split into 2 parts (stream_parts): 2 processes, preempted; 1 process with 2 accumulation steps,
+    preempted; 2 processes to the end. Every step trains on the blocks the uninterrupted run trained on (each part
+    gives each step the same blocks; their order within the step follows the processes)."""
+    from modeling_angpt.training.corpus import shakespeare_files
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for index, path in enumerate(shakespeare_files()[:4]):  # four source files: two per part
+        (corpus / f"part{index}.txt").write_text(path.read_text(errors="replace")[:30_000])
+    common = dict(dataset=str(corpus), streaming=True, stream_parts=2, validation_blocks=4, max_steps=8, eval_steps=0,
+                  save_steps=100, logging_steps=4, report_to=["jsonl"])
+    whole = write_recipe("whole.yaml", output_dir=str(tmp_path / "whole"), per_device_train_batch_size=4,
+                         gradient_accumulation_steps=2, **common)
+    assert _launch(whole, "whole", 1).returncode == 0
+    expected = {step: sorted(seqs) for step, seqs in _global_order(tmp_path / "whole", "whole", 1).items()}
+    assert sorted(expected) == list(range(1, 9)) and len({h for s in expected.values() for h in s}) == 64
+
+    parted = write_recipe("parted.yaml", output_dir=str(tmp_path / "parted"), per_device_train_batch_size=4,
+                          **common)
+    first = _launch(parted, "a", 2, signal_after=2)
+    assert first.returncode != 0 and f"exitcode  : {PREEMPTED}" in first.stderr, first.stderr[-3000:]
+    second = _launch(parted, "b", 1, "per_device_train_batch_size=4", "gradient_accumulation_steps=2",
+                     resume="auto", signal_after=2)
+    assert second.returncode == PREEMPTED and "stopped by SIGTERM at step 6" in second.stderr, second.stderr[-3000:]
+    third = _launch(parted, "c", 2, "per_device_train_batch_size=2", "gradient_accumulation_steps=2", resume="auto")
+    assert third.returncode == 0, third.stderr[-3000:]
+    run = tmp_path / "parted"
+    orders = [_global_order(run, "a", 2), _global_order(run, "b", 1), _global_order(run, "c", 2)]
+    assert [sorted(order) for order in orders] == [[1, 2, 3], [4, 5, 6], [7, 8]]
+    assert {step: sorted(seqs) for order in orders for step, seqs in order.items()} == expected
+    # the blocks of a step are summed in another order on 2 processes than on 1, and Adam's normalised step carries
+    # that rounding into the weights: the resumed run must be as close to the one-process run as an uninterrupted
+    # 2-process run is
+    two = write_recipe("two.yaml", output_dir=str(tmp_path / "two"), per_device_train_batch_size=4, **common)
+    assert _launch(two, "two", 2).returncode == 0
+    one = _weights(tmp_path / "whole")
+    floor, worst = (max(float((one[k] - other[k]).abs().max()) for k in one)
+                    for other in (_weights(tmp_path / "two"), _weights(run)))
+    print(f"stream: max |Δweight| against one process: uninterrupted on 2 {floor:.2e}, resumed twice {worst:.2e}")
+    assert worst <= max(1e-5, 2 * floor), (worst, floor)
+
+
 def _start_cli(*args: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([str(Path(sys.executable).with_name("angpt")), "train", *args], stdout=subprocess.PIPE,

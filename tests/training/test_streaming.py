@@ -1,5 +1,6 @@
-"""`streaming: true`: each process reads its own part of the stream, DataLoader workers tokenise, and a resume
-restores the stream's saved position (the same batches as an uninterrupted run)."""
+"""`streaming: true`: each process reads its own parts of the stream, DataLoader workers tokenise, and a resume
+restores the stream's saved position (the same batches as an uninterrupted run). A stream resumed on another number
+of processes: tests/parallel/test_preemption.py."""
 from collections import Counter
 from pathlib import Path
 
@@ -22,21 +23,40 @@ def corpus(tmp_path_factory) -> Path:
     return directory
 
 
-def test_each_process_streams_its_own_documents_and_none_held_out(write_recipe, corpus):
+@pytest.mark.parametrize("parts", [2, 4])
+def test_each_process_streams_its_own_documents_and_none_held_out(write_recipe, corpus, parts):
     from modeling_angpt.training.corpus import resolve_source
     from modeling_angpt.training.data import build_datasets
 
-    recipe = load_recipe(write_recipe(dataset=str(corpus)), STREAM)
+    recipe = load_recipe(write_recipe(dataset=str(corpus)), STREAM + [f"stream_parts={parts}"])
     source = resolve_source(recipe.dataset)
-    parts = []
+    read = []
     for rank in (0, 1):
-        _, train, val, _ = build_datasets(recipe, source, _no_context, rank=rank, processes=2)
-        parts.append(Counter(row["text"] for row in train.ds if row["text"]))
-        assert len(val) == 4 and next(iter(train))["input_ids"].shape == (recipe.block_size,)
+        _, train, val, info = build_datasets(recipe, source, _no_context, rank=rank, processes=2, stream_parts=parts)
+        assert sorted(train.streams) == list(range(rank, parts, 2)) and info["stream_parts"] == parts
+        read += [Counter(row["text"] for row in stream.ds if row["text"]) for stream in train.streams.values()]
+        batch = next(train.batches())["input_ids"]
+        assert len(val) == 4 and batch.shape == (recipe.per_device_train_batch_size, recipe.block_size)
     every = Counter(row["text"] for row in _whole_stream(recipe) if row["text"])
-    assert parts[0] + parts[1] == every and parts[0] and parts[1]         # every row read once, by one process
+    assert sum(read, Counter()) == every and all(read)      # every row read once, by one part
     kept = [text for text in every if not held_out(text, recipe.data_seed, recipe.validation_fraction)]
     assert 0 < len(kept) < len(every)            # PackedStream skips the held-out ones (validation's)
+
+
+def test_a_stream_split_that_a_launch_cannot_share_evenly_is_refused_in_one_line():
+    from modeling_angpt.training.resume import check_geometry, check_stream_parts
+
+    four = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "num_processes": 4}
+    with pytest.raises(ValueError, match=r"split into 2 parts \(recipe key stream_parts\): it runs on a number of processes "
+                                         "that divides 2") as refused:
+        check_geometry("ckpt", {**four, "num_processes": 2, "per_device_train_batch_size": 4, "stream_parts": 2},
+                       four, streaming=True)
+    message = str(refused.value)
+    assert message.startswith("--resume: the stream of checkpoint ckpt is") and "\n" not in message
+    with pytest.raises(ValueError, match=r"the stream \(streaming: true\) is split into 3 parts"):
+        check_stream_parts(3, {**four, "num_processes": 1, "per_device_train_batch_size": 8})  # 3 ∤ 8
+    check_geometry("ckpt", {**four, "num_processes": 2, "per_device_train_batch_size": 4}, {**four, "num_processes": 1,
+                   "per_device_train_batch_size": 8}, streaming=True)  # an earlier version's: 2 parts, by process
 
 
 def _no_context():
