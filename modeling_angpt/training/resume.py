@@ -86,9 +86,9 @@ def check_stream_parts(parts: int, now: dict, what: str = "the stream (streaming
     parts/processes parts, and every step takes global batch/parts blocks of each part (streaming.py)."""
     processes, step = now["num_processes"], global_batch(now)
     if parts % processes or step % parts:
-        raise ValueError(f"{what} is split into {parts} parts (recipe key stream_parts): it runs on a number of processes "
-                         f"that divides {parts} with a global batch that {parts} divides; this launch has "
-                         f"{processes} processes and a global batch of {_described(now)}")
+        raise ValueError(f"{what} is split into {parts} parts (recipe key stream_parts): it runs on a number of "
+                         f"processes that divides {parts} with a global batch that {parts} divides; this launch "
+                         f"has {processes} processes and a global batch of {_described(now)}")
 
 
 FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"  # Accelerate's sharded layout (DCP)

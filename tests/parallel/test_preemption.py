@@ -44,8 +44,8 @@ def _launch(recipe: Path, label: str, processes: int | str, *overrides: str, res
         command += ["--signal-after", str(signal_after), "--signal-rank", str(signal_rank)]
     if kill_in_save:
         command += ["--kill-in-save", kill_in_save]
-    return subprocess.run(command + [a for o in overrides for a in ("--override", o)], capture_output=True, text=True, timeout=400, env=env,
-                          cwd=REPO)
+    command += [a for o in overrides for a in ("--override", o)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=400, env=env, cwd=REPO)
 
 
 def _global_order(run: Path, label: str, processes: int) -> dict[int, list[str]]:

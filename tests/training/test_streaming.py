@@ -47,16 +47,16 @@ def test_a_stream_split_that_a_launch_cannot_share_evenly_is_refused_in_one_line
     from modeling_angpt.training.resume import check_geometry, check_stream_parts
 
     four = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 1, "num_processes": 4}
-    with pytest.raises(ValueError, match=r"split into 2 parts \(recipe key stream_parts\): it runs on a number of processes "
-                                         "that divides 2") as refused:
+    with pytest.raises(ValueError, match=r"split into 2 parts \(recipe key stream_parts\): it runs on a number of "
+                                         "processes that divides 2") as refused:
         check_geometry("ckpt", {**four, "num_processes": 2, "per_device_train_batch_size": 4, "stream_parts": 2},
                        four, streaming=True)
     message = str(refused.value)
     assert message.startswith("--resume: the stream of checkpoint ckpt is") and "\n" not in message
     with pytest.raises(ValueError, match=r"the stream \(streaming: true\) is split into 3 parts"):
         check_stream_parts(3, {**four, "num_processes": 1, "per_device_train_batch_size": 8})  # 3 ∤ 8
-    check_geometry("ckpt", {**four, "num_processes": 2, "per_device_train_batch_size": 4}, {**four, "num_processes": 1,
-                   "per_device_train_batch_size": 8}, streaming=True)  # an earlier version's: 2 parts, by process
+    earlier = {**four, "num_processes": 2, "per_device_train_batch_size": 4}  # an earlier version's: a part a process
+    check_geometry("ckpt", earlier, {**four, "num_processes": 1, "per_device_train_batch_size": 8}, streaming=True)
 
 
 def _no_context():
