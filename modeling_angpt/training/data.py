@@ -180,7 +180,7 @@ class BlockDataset(torch.utils.data.Dataset):
 
 
 class NeedleDataset(torch.utils.data.Dataset):
-    """Needle-in-a-haystack examples of exactly `length` tokens (needle_generator.py), generated on demand:
+    """Needle-in-a-haystack examples of exactly `length` tokens (tasks/needle.py), generated on demand:
     example i is a pure function of (filler text, seed, i), so shuffling and resuming need no stored data."""
 
     def __init__(self, generator, tokenizer, length: int, size: int, seed: int):
@@ -190,7 +190,7 @@ class NeedleDataset(torch.utils.data.Dataset):
         return self.size
 
     def __getitem__(self, i):
-        from ..needle_generator import training_features
+        from ..tasks.needle import training_features
 
         features = training_features(self.generator.example(self.length, self.seed, i), self.tokenizer, self.length)
         return {key: torch.tensor(value, dtype=torch.long) for key, value in features.items()}
@@ -200,7 +200,7 @@ def needle_datasets(recipe, tokenizer, train: BlockDataset, val: BlockDataset, i
     """dataset_kind=needle: fine-tuning examples at block_size tokens, the loss on the answer only. Filler text
     comes from the training blocks for training and from the validation blocks for validation, so evaluation
     haystacks (`angpt eval --suite needle` uses the validation blocks) are text the run never trained on."""
-    from ..needle_generator import NeedleGenerator, check_room, filler_from_blocks
+    from ..tasks.needle import NeedleGenerator, check_room, filler_from_blocks
 
     if isinstance(train, ShardedBlocks):
         raise ValueError(f"recipe key dataset_kind='needle' takes its filler from a text corpus, not from the prepared "

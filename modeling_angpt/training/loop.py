@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..hub import save_pretrained
+from ..export.hub import save_pretrained
 from . import checkpoints, run_dir
 from .corpus import resolve_source
 from .data import build_datasets, needle_datasets, scored_validation_blocks
