@@ -78,7 +78,7 @@ def unwritable_parent(path: str) -> str | None:
 
 
 def _copy_tokenizer(src: str, partial: str, folded) -> None:
-    """The source's tokenizer files, then padding set up for batched generation (tokenization.py)."""
+    """The source's tokenizer files, then padding set up for batched generation (inference/padding.py)."""
     copied = False
     for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src, name)):
@@ -88,7 +88,7 @@ def _copy_tokenizer(src: str, partial: str, folded) -> None:
         return
     from transformers import AutoTokenizer
 
-    from ..tokenization import make_batchable, set_pad_token_id
+    from ..inference.padding import make_batchable, set_pad_token_id
 
     tokenizer = AutoTokenizer.from_pretrained(partial)
     if make_batchable(tokenizer):

@@ -142,7 +142,7 @@ def check_batches(vocab_size: int) -> list[tuple]:
 
     padded = probe_batch(vocab_size, batch=3, length=21, seed=1)
     mask = torch.ones_like(padded)
-    mask[0, :5] = 0  # left padding, as batched generation pads (modeling_angpt/tokenization.py)
+    mask[0, :5] = 0  # left padding, as batched generation pads (modeling_angpt/inference/padding.py)
     single = probe_batch(vocab_size, batch=1, length=7, seed=2)
     return [(padded, mask), (single, torch.ones_like(single))]
 
