@@ -61,10 +61,10 @@ def test_bad_inputs_are_one_line_exit_2_no_traceback_nothing_written(eval_env, b
     }
     before = {name: snapshot(broken / name) for name in os.listdir(broken)} | {"ckpt": snapshot(checkpoint)}
     env = child_env(cache)
-    # every case in one fresh interpreter through cli.main (tests/eval_cli_driver.py: stderr captured at file
+    # every case in one fresh interpreter through cli.main (tests/drivers/eval_cli.py: stderr captured at file
     # descriptor 2, escaping exceptions become tracebacks); each separate process would pay ~4 s of imports
     argv = {name: ["eval", *map(str, args)] for name, (args, _) in cases.items()}
-    driver = subprocess.run([sys.executable, str(REPO / "tests" / "eval_cli_driver.py"), json.dumps(argv)],
+    driver = subprocess.run([sys.executable, str(REPO / "tests" / "drivers" / "eval_cli.py"), json.dumps(argv)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert driver.returncode == 0, driver.stderr[-3000:]
     outcomes = json.loads(driver.stdout.strip().splitlines()[-1])

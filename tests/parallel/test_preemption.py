@@ -18,7 +18,7 @@ from training_fixtures import REPO, data_cache, write_recipe  # noqa: F401 (fixt
 
 pytestmark = pytest.mark.parallel
 
-DRIVER = REPO / "tests" / "training_preemption_driver.py"
+DRIVER = REPO / "tests" / "drivers" / "training_preemption.py"
 PREEMPTED = 75
 
 

@@ -24,7 +24,7 @@ import yaml
 from training_fixtures import REPO, TINY, data_cache, single_thread  # noqa: F401 (fixtures)
 
 CONFIG = REPO / "configuration" / "accelerate" / "cpu_2machines.yaml"
-DRIVER = REPO / "tests" / "training_multi_machine_driver.py"
+DRIVER = REPO / "tests" / "drivers" / "training_multi_machine.py"
 STEPS = dict(max_steps=6, save_steps=3, eval_steps=0, logging_steps=3, per_device_train_batch_size=4,
              report_to=["jsonl"])
 
