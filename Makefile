@@ -62,7 +62,7 @@ test-experiments: $(STAMP)
 # A checkpoint with the tools that are not ours (tests/tools, docs/tools.md: PEFT, TRL, bitsandbytes, torchao, ONNX
 # Runtime, transformers serve, continuous batching, vLLM's contract, DeepSpeed; the route matrix, each tool by each
 # route on both forms): one pytest worker per core, as make test. ANGPT_ROUTE_MATRIX=FILE keeps the matrix's figures
-# (python tests/route_matrix_fixtures.py FILE prints them).
+# (python tests/tools/route_matrix_fixtures.py FILE prints them).
 # DeepSpeed (the extra [deepspeed], setup.cfg): a source distribution, built against the installed torch.
 DEEPSPEED_STAMP := $(VENV)/.deepspeed
 $(DEEPSPEED_STAMP): $(STAMP)

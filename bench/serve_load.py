@@ -51,8 +51,8 @@ def build_checkpoints(root: Path) -> tuple[Path, Path, list[str]]:
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
     from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
-    from modeling_angpt.export import export_checkpoint
-    from modeling_angpt.training.corpus import shakespeare_files
+    from modeling_angpt.export.fold import export_checkpoint
+    from modeling_angpt.data.sources import shakespeare_files
 
     lines = [line.strip() for path in shakespeare_files() for line in path.read_text().splitlines()
              if len(line.strip()) > 30]

@@ -14,7 +14,7 @@ import sys
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from modeling_angpt.conversion import gptplus_from_transformers
+from modeling_angpt.conversion.llama_qwen3 import gptplus_from_transformers
 
 
 def main(argv=None) -> int:

@@ -7,7 +7,7 @@
 `ckpt.pt` is what the reference's train.py saves (a dict with `model` and `model_args`); a bare state dict
 (.pt or .safetensors) needs `--model-args`, a JSON with the reference GPTConfig fields (n_layer, n_head,
 n_embd, vocab_size, block_size, base_scale). The key mapping and the RoPE caveat are documented in
-modeling_angpt/ngpt_conversion.py and conversion/README.md.
+modeling_angpt/conversion/ngpt.py and conversion/README.md.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from modeling_angpt.ngpt_conversion import ngpt_from_reference
+from modeling_angpt.conversion.ngpt import ngpt_from_reference
 
 
 def load(path: str, model_args_path: str | None):

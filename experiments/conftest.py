@@ -24,7 +24,7 @@ def experiment(request, tmp_path, monkeypatch):
     bench/ importable, outputs in tmp_path."""
     for folder in (BENCH, EXPERIMENTS / "common", request.path.parent):
         monkeypatch.syspath_prepend(str(folder))
-    from modeling_angpt.training.corpus import shakespeare_files
+    from modeling_angpt.data.sources import shakespeare_files
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(shakespeare_files()[0].read_text(encoding="utf-8", errors="replace")[:200_000])

@@ -105,7 +105,7 @@ class LegacyShape(ConversionOps):
 
 class SaveAsIs(ConversionOps):
     """The reverse of `LegacyShape`: a model saves its tensors in today's shape (transformers' own pass-through op is
-    private, modeling_angpt/internals_ledger.py)."""
+    private, modeling_angpt/dependencies/ledger.py)."""
 
     def convert(self, input_dict, source_patterns=None, target_patterns=None, **kwargs):
         return input_dict

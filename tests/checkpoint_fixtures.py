@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from modeling_angpt import AnGPTForCausalLM
-from modeling_angpt.hub import save_pretrained
+from modeling_angpt.export.hub import save_pretrained
 
 
 @torch.no_grad()

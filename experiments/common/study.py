@@ -19,10 +19,10 @@ def build_data(recipe) -> None:
     afterwards find them cached instead of racing to build them."""
     import contextlib
 
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import build_datasets
+    from modeling_angpt.data.sources import resolve_corpus
+    from modeling_angpt.data.build import build_datasets
 
-    build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+    build_datasets(recipe, resolve_corpus(recipe), contextlib.nullcontext)
 
 
 def add_size_arguments(parser, sizes, device_help: str = "GPU settings (same as --size device)") -> None:

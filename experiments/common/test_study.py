@@ -11,7 +11,7 @@ def test_corpus_line_names_the_packages_the_build_recorded_and_the_evaluation_te
     import hashlib
 
     import study
-    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.data.sources import resolve_source
 
     corpus = tmp_path / "corpus"
     train = corpus / ".length_split" / "linux_docs" / "train"

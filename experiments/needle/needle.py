@@ -146,7 +146,7 @@ def by_distance(cfg: dict, variant: str, seed: int) -> dict:
     A needle's distance from the question is the share of the haystack after it, (1 − depth) × multiple, in units
     of L (depth: the share of the filler's characters before it, so the distance in tokens is approximate). Found:
     city and number right, as the accuracy counts it (needle_hits); numbers recalled as in `recall`."""
-    from modeling_angpt.needle_generator import needle_hits
+    from modeling_angpt.tasks.needle import needle_hits
 
     samples, counts = logged_samples(cfg, variant, seed), {}
     for m in (m for m in cfg["multiples"] if m > 1):

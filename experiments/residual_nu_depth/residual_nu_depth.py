@@ -56,7 +56,7 @@ def stream_norms(model, recipe, info: dict) -> dict:
     import numpy as np
     import torch
 
-    from modeling_angpt.training.data import split_blocks
+    from modeling_angpt.data.blocks import split_blocks
 
     _, val = split_blocks(np.load(info["blocks_cache"]), recipe.validation_fraction, recipe.data_seed)
     ids = torch.as_tensor(val[: 2 * recipe.per_device_train_batch_size].astype("int64"))

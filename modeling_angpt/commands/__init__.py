@@ -1,7 +1,7 @@
 """The `angpt` subcommands, one module each, all in this folder: `train`, `export`, `eval`, `generate`, ...
 
 Each module is a thin layer over a library function that is callable from Python without the CLI
-(`modeling_angpt.training.train`, `modeling_angpt.export.export_checkpoint`, `modeling_angpt.generation.
+(`modeling_angpt.training.train`, `modeling_angpt.export.fold.export_checkpoint`, `modeling_angpt.inference.generation.
 generate_text`, ...). A module exposes `add_arguments(parser)`, which validates what it can while parsing,
 and `run(args) -> int`, which validates the rest before loading anything, calls the library and reports.
 A user error is one line on stderr (`angpt COMMAND: error: ...`) and a non-zero exit status, never a

@@ -1,4 +1,4 @@
-"""`angpt export SRC DST [--dtype ...] [--overwrite]`: a thin layer over `modeling_angpt.export.export_checkpoint`
+"""`angpt export SRC DST [--dtype ...] [--overwrite]`: a thin layer over `modeling_angpt.export.fold.export_checkpoint`
 (the folded inference form, docs/inference-fold.md)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from . import CommandError, float_at_least
-from ..export import DTYPE_NAMES, ExportError, check_export_paths
+from ..export.fold import DTYPE_NAMES, ExportError, check_export_paths
 
 DESCRIPTION = """Fold a training-form checkpoint into the inference form: every constant goes into the weights
 (docs/inference-fold.md). The export reloads what it wrote, compares its logits with the source on a probe batch,
@@ -37,8 +37,8 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint_check import CheckpointError
-    from ..export import export_checkpoint
+    from ..inference.checkpoint_check import CheckpointError
+    from ..export.fold import export_checkpoint
 
     try:
         report = export_checkpoint(args.src, args.dst, args.dtype, args.tolerance, args.overwrite)

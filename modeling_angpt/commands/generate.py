@@ -1,5 +1,5 @@
 """`angpt generate DIR --prompt TEXT --max-new-tokens N`: a thin layer over
-`modeling_angpt.generation.generate_text`."""
+`modeling_angpt.inference.generation.generate_text`."""
 from __future__ import annotations
 
 import argparse
@@ -38,8 +38,8 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint_check import CheckpointError
-    from ..generation import GenerationError, generate_text
+    from ..inference.checkpoint_check import CheckpointError
+    from ..inference.generation import GenerationError, generate_text
 
     try:
         text = generate_text(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k,

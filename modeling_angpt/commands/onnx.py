@@ -1,12 +1,12 @@
 """`angpt onnx CHECKPOINT PATH [--with-cache] [--tolerance ...] [--overwrite]`: a thin layer over
-`modeling_angpt.onnx_export.export_onnx` (the folded form as an ONNX graph, docs/inference-fold.md, "ONNX")."""
+`modeling_angpt.export.onnx.export_onnx` (the folded form as an ONNX graph, docs/inference-fold.md, "ONNX")."""
 from __future__ import annotations
 
 import argparse
 import sys
 
 from . import CommandError, float_at_least
-from ..onnx_export import DEFAULT_TOLERANCE, OnnxExportError, check_onnx_paths
+from ..export.onnx import DEFAULT_TOLERANCE, OnnxExportError, check_onnx_paths
 
 DESCRIPTION = """Export a folded checkpoint (written by `angpt export`) as an ONNX graph for onnxruntime: inputs
 input_ids and attention_mask, output logits, batch and sequence length dynamic, float32 (with --with-cache, the KV
@@ -36,8 +36,8 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checkpoint_check import CheckpointError
-    from ..onnx_export import export_onnx
+    from ..inference.checkpoint_check import CheckpointError
+    from ..export.onnx import export_onnx
 
     try:
         report = export_onnx(args.checkpoint, args.path, args.with_cache, args.tolerance, args.overwrite)

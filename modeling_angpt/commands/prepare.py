@@ -1,6 +1,6 @@
 """`angpt prepare RECIPE.yaml --output DIR [--num-proc N] [--override KEY=VALUE ...]`: tokenise the recipe's corpus
-once into token shards that `angpt train RECIPE --override dataset=DIR` memory-maps (modeling_angpt/training/
-prepare.py; docs/training.md, section "Corpora larger than memory")."""
+once into token shards that `angpt train RECIPE --override dataset=DIR` memory-maps (modeling_angpt/data/prepare.py;
+docs/training.md, section "Corpora larger than memory")."""
 from __future__ import annotations
 
 import argparse
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..training.prepare import prepare_corpus
+    from ..data.prepare import prepare_corpus
     from ..training.recipe import load_recipe
 
     try:

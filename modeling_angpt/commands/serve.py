@@ -1,5 +1,5 @@
 """`angpt serve CHECKPOINT [--host H] [--port P]`: an OpenAI-compatible server (transformers' serving, continuous
-batching on), a thin layer over `modeling_angpt.serving.serve_checkpoint`."""
+batching on), a thin layer over `modeling_angpt.serving.server.serve_checkpoint`."""
 from __future__ import annotations
 
 import argparse
@@ -79,16 +79,16 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..internals_ledger import serving_refusal
+    from ..dependencies.ledger import serving_refusal
 
     # transformers' server internals this one replaces: checked before they are imported, the port bound or the
-    # model loaded (modeling_angpt/internals_ledger.py)
+    # model loaded (modeling_angpt/dependencies/ledger.py)
     refusal = serving_refusal()
     if refusal is not None:
         print(f"angpt serve: error: {refusal}", file=sys.stderr)
         return 1
-    from ..checkpoint_check import CheckpointError
-    from ..serving import (ServeError, ServeOptions, check_checkpoint_servable, check_port_free,
+    from ..inference.checkpoint_check import CheckpointError
+    from ..serving.server import (ServeError, ServeOptions, check_checkpoint_servable, check_port_free,
                            open_to_others_warning, serve_checkpoint)
 
     options = ServeOptions(**{name: value for name, value in vars(args).items()

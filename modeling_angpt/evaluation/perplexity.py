@@ -33,7 +33,7 @@ def _metadata(checkpoint: Path) -> dict:
 
 
 def _recipe_and_source(checkpoint: Path):
-    from ..training.corpus import resolve_source
+    from ..data.sources import resolve_corpus
     from ..training.recipe import recipe_from_dict
 
     where = str(Path(checkpoint) / "training_metadata.json")
@@ -42,7 +42,7 @@ def _recipe_and_source(checkpoint: Path):
         raise ValueError(f"{where}: no 'recipe' entry")
     recipe = recipe_from_dict(metadata["recipe"], where=where)
     try:
-        source = resolve_source(recipe.dataset)
+        source = resolve_corpus(recipe)
     except ModuleNotFoundError as error:
         raise FileNotFoundError(f"training corpus of {checkpoint} ({recipe.dataset}): {error}") from None
     except FileNotFoundError as error:
@@ -81,10 +81,10 @@ def validation_loss(model, blocks, batch_size: int, max_sequences: int | None) -
 
 def run_suite(model, tokenizer, checkpoint: Path, options: EvalOptions,
               output_dir: Path) -> dict[str, dict[str, float]]:
-    from ..training.data import build_datasets
+    from ..data.build import build_datasets
 
     recipe, source, metadata = _recipe_and_source(checkpoint)
-    _, _, val, info = build_datasets(recipe, source, contextlib.nullcontext)
+    _, _, val, info = build_datasets(recipe, source, contextlib.nullcontext, examples=False)
     sequences = default_sequences(recipe, metadata)
     batch_size = options.batch_size if isinstance(options.batch_size, int) else recipe.per_device_eval_batch_size
     result = validation_loss(model, val, batch_size, sequences)

@@ -154,7 +154,7 @@ def _context_for(plan: Plan, config) -> int:
     lm-eval would cut the needles off the left of a longer prompt)."""
     context = config.max_position_embeddings
     if any(task.startswith("angpt_needle") for task in plan.selection.lm_eval_tasks):
-        from ..needle_generator import MAX_NEW_TOKENS
+        from ..tasks.needle import MAX_NEW_TOKENS
         from .long_context import training_length
 
         try:

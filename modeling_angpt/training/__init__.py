@@ -10,7 +10,7 @@ transformers. The names below are imported on first use, so `modeling_angpt.trai
 import importlib
 
 _EXPORTS = {"WeightConstraintCallback": ".callbacks", "NonFiniteLossError": ".loop", "TrainResult": ".loop",
-            "train": ".loop", "prepare_corpus": ".prepare", "compile_blocks": ".model_setup", "Recipe": ".recipe",
+            "train": ".loop", "prepare_corpus": "..data.prepare", "compile_blocks": ".model_setup", "Recipe": ".recipe",
             "load_recipe": ".recipe"}
 
 __all__ = sorted(_EXPORTS)

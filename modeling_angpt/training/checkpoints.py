@@ -143,7 +143,7 @@ def commit(tmp: Path, final: Path, output_dir: Path, keep: int | None) -> None:
 def save_checkpoint(accelerator, output_dir: Path, state: dict, keep: int | None,
                     data_state: dict | None = None) -> Path:
     """Every rank must call this (save_state writes per-rank RNG files into the shared directory). `data_state` is
-    this rank's position in a stream (train_loader.loader_state), when its data has one."""
+    this rank's position in a stream (data/loader.loader_state), when its data has one."""
     final = checkpoint_path(output_dir, state["step"])
     tmp = final.parent / f".tmp_{final.name}"
     if accelerator.is_main_process:

@@ -26,7 +26,7 @@ from .trackers import flat_config
 # Which tokenizer a run used: named, or a byte-level BPE trained on its corpus (then the corpus keys decide it too).
 TOKENIZER_KEYS = ("tokenizer", "tokenizer_vocab_size", "tokenizer_split_digits")
 CORPUS_KEYS = ("dataset", "dataset_config", "dataset_split", "text_column", "max_corpus_chars")
-# Which validation blocks a run's loss averages (training/data.py: the split, its order and the scored count).
+# Which validation blocks a run's loss averages (data/blocks.py: the split and its order; data/loader.py: the scored count).
 VALIDATION_KEYS = CORPUS_KEYS + ("streaming", "dataset_kind", "needle_examples", "block_size", "validation_fraction",
                                  "validation_blocks", "data_seed", "scored_validation_blocks")
 # Keys that steer bookkeeping, not the training: never part of a label.

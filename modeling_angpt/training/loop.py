@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..hub import save_pretrained
+from ..export.hub import save_pretrained
 from . import checkpoints, run_dir
-from .corpus import resolve_source
-from .data import build_datasets, needle_datasets, scored_validation_blocks
-from .train_loader import batch_stream, data_epoch, loader_state, make_train_loader
+from ..data.sources import resolve_corpus
+from ..data.build import build_datasets
+from ..data.loader import batch_stream, data_epoch, loader_state, make_train_loader, scored_validation_blocks
 from .distributed import check_launch_environment, group_peak_flops, make_accelerator
 from .metrics import MetricsLogger, device_peak_flops, plot_loss_curve, training_flops_per_token
 from .model_setup import (apply_constraints, architecture_defaults, blow_up_knobs, build_config, build_model,
@@ -145,25 +145,23 @@ def preflight(recipe: Recipe, resume: bool | str, overwrite: bool = False):
         from .async_checkpoint import check_supported
 
         check_supported()
-    source = resolve_source(recipe.dataset)
+    corpus = resolve_corpus(recipe)  # the data path's first stage: a bad dataset fails before any change
     config = build_config(recipe)
     resume_from = run_dir.prepare_output_dir(recipe, config, resume, overwrite)
     if recipe.streaming and not resume_from:  # a resumed stream was checked against its checkpoint
         check_stream_parts(stream_parts(recipe, launched_processes(), []), geometry(recipe, launched_processes()))
-    return source, config, resume_from
+    return corpus, config, resume_from
 
 
-def build_run(recipe: Recipe, source, config, candidates: list[Path] = ()) -> Run:
+def build_run(recipe: Recipe, corpus, config, candidates: list[Path] = ()) -> Run:
     """`candidates`: the checkpoints the run resumes from (a stream keeps the split into parts they record)."""
     from accelerate.utils import set_seed
 
     accelerator = make_accelerator(recipe)
     set_seed(recipe.seed)  # before the model: the initial weights are a function of the seed
     tokenizer, train_ds, val_ds, data_info = build_datasets(
-        recipe, source, accelerator.main_process_first, accelerator.process_index, accelerator.num_processes,
+        recipe, corpus, accelerator.main_process_first, accelerator.process_index, accelerator.num_processes,
         stream_parts(recipe, accelerator.num_processes, candidates))
-    if recipe.dataset_kind == "needle":
-        train_ds, val_ds, data_info = needle_datasets(recipe, tokenizer, train_ds, val_ds, data_info)
     model = build_model(recipe, config, tokenizer)
     recipe = recipe.with_architecture_defaults(architecture_defaults(model))
     if recipe.gradient_checkpointing:
@@ -213,9 +211,9 @@ def train(recipe: Recipe, resume: bool | str = False, stop_after_steps: int | No
 
 
 def _train(recipe: Recipe, resume: bool | str, stop_after_steps: int | None, overwrite: bool, stop) -> TrainResult:
-    source, config, candidates = preflight(recipe, resume, overwrite)
+    corpus, config, candidates = preflight(recipe, resume, overwrite)
     model_config = run_dir.comparable_config(config)
-    run = build_run(recipe, source, config, candidates)
+    run = build_run(recipe, corpus, config, candidates)
     run.stop = stop
     with watch_ranks(run.accelerator, recipe.output_dir):  # a lost rank stops the run in one line (rank_watch.py)
         return _train_built(run, model_config, candidates, stop_after_steps)
@@ -227,8 +225,8 @@ def _resume(run: Run, candidates: list[Path]) -> dict:
     path, state = checkpoints.load_newest(
         acc, candidates, lambda a, p: load_checkpoint(a, p, geometry(run.recipe, a.num_processes), run.model,
                                                       run.optimizer, run.scheduler))
-    if run.recipe.streaming:  # every part's position, whichever process saved it (streaming.py)
-        from .streaming import saved_stream_state
+    if run.recipe.streaming:  # every part's position, whichever process saved it (data/streaming.py)
+        from ..data.streaming import saved_stream_state
 
         run.train_dl.load_state_dict(saved_stream_state(checkpoints.data_state_files(path)))
     acc.print(f"resumed from {path} at step {state['step']}")

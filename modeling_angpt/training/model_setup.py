@@ -12,7 +12,7 @@ import torch
 
 from .. import register_auto_classes
 from ..architectures_angpt import ARCHITECTURES
-from ..tokenization import set_pad_token_id
+from ..inference.padding import set_pad_token_id
 from .distributed import apply_weight_constraints
 from .recipe import architecture_defaults_for
 

@@ -3,10 +3,10 @@
 
 What a run's batches depend on is the global batch of an optimiser step: per-device batch × processes × accumulation
 (`global_batch`). The data position a checkpoint records is global (the blocks of the run's block order consumed so
-far, train_loader.BlockOrder), so a launch with another number of processes that keeps the global batch, by changing
+far, data/loader.BlockOrder), so a launch with another number of processes that keeps the global batch, by changing
 `per_device_train_batch_size` or `gradient_accumulation_steps`, continues with exactly the blocks the first launch
 would have read next, step by step. A launch that cannot keep it is refused in one line. A stream is split into
-`stream_parts` parts fixed at the first start, each with its own saved position (streaming.py): it resumes on any
+`stream_parts` parts fixed at the first start, each with its own saved position (data/streaming.py): it resumes on any
 number of processes that divides that number of parts.
 
 Model, optimiser and schedule: under DDP, `Accelerator.save_state` writes them whole, and any number of processes
@@ -83,7 +83,7 @@ def stream_parts(recipe, processes: int, candidates: list[Path]) -> int | None:
 
 def check_stream_parts(parts: int, now: dict, what: str = "the stream (streaming: true)") -> None:
     """Refuse, in one line, a stream split that the launch cannot read in equal shares: every process reads
-    parts/processes parts, and every step takes global batch/parts blocks of each part (streaming.py)."""
+    parts/processes parts, and every step takes global batch/parts blocks of each part (data/streaming.py)."""
     processes, step = now["num_processes"], global_batch(now)
     if parts % processes or step % parts:
         raise ValueError(f"{what} is split into {parts} parts (recipe key stream_parts): it runs on a number of "

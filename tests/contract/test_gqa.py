@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from modeling_angpt import AnGPTForCausalLM, attention_angpt
 from modeling_angpt.architectures_angpt import get_architecture
-from modeling_angpt.conversion import gptplus_from_transformers
+from modeling_angpt.conversion.llama_qwen3 import gptplus_from_transformers
 
 from conftest import ARCHITECTURES
 from contract_fixtures import causal_lm, config, ids, single_thread  # noqa: F401 (fixture)

@@ -1,4 +1,4 @@
-"""modeling_angpt.hub.push_to_hub against a fake Hub that copies each upload into a local folder.
+"""modeling_angpt.export.hub.push_to_hub against a fake Hub that copies each upload into a local folder.
 
 The fake stands in for huggingface_hub.HfApi: push_to_hub may call only its public create_repo, create_branch and
 create_commit (any other method, e.g. transformers' private upload helpers, fails on the fake)."""
@@ -15,7 +15,7 @@ import huggingface_hub
 from transformers import AutoModelForCausalLM
 
 from modeling_angpt import AnGPTForCausalLM
-from modeling_angpt.hub import push_to_hub
+from modeling_angpt.export.hub import push_to_hub
 
 
 class FakeHub:

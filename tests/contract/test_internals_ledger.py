@@ -1,5 +1,5 @@
 """Every private or internal name of another project the code touches is in the ledger (modeling_angpt/
-internals_ledger.py), and the installed versions still have each (docs/usage.md, "Supported versions"): a release
+dependencies/ledger.py), and the installed versions still have each (docs/usage.md, "Supported versions"): a release
 that renamed one fails here with one line naming the entry, not deep in a run."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from modeling_angpt import internals_ledger
-from modeling_angpt.internals_ledger import (ENTRIES, SERVING_ENTRIES, describe_missing, installed_version, lacks,
+from modeling_angpt.dependencies import ledger as internals_ledger
+from modeling_angpt.dependencies.ledger import (ENTRIES, SERVING_ENTRIES, describe_missing, installed_version, lacks,
                                              serving_refusal)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,5 +89,5 @@ def test_every_foreign_private_name_in_the_code_is_in_the_ledger():
             if not any(label == name or label.startswith(f"{name}.") or name.startswith(f"{label}.")
                        for label in labels):
                 unlisted.append(f"{path.relative_to(REPO)}: {name}")
-    assert not unlisted, "private names of other projects missing from modeling_angpt/internals_ledger.py: " + \
+    assert not unlisted, "private names of other projects missing from modeling_angpt/dependencies/ledger.py: " + \
         "; ".join(unlisted)

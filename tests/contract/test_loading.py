@@ -104,7 +104,7 @@ def test_model_card_states_exactly_what_loads(tmp_path):
     """Issue 10.9/11.5: the package being installed does not register the Auto classes (transformers has no plugin
     mechanism for model types); `import modeling_angpt` does, and trust_remote_code=True always works
     (test_remote_code.py). The card says exactly that, and a fresh interpreter shows each clause."""
-    from modeling_angpt.hub import LOADING_NOTE, save_pretrained
+    from modeling_angpt.export.hub import LOADING_NOTE, save_pretrained
 
     checkpoint = tmp_path / "checkpoint"  # the child's working directory must not hold the saved modeling_angpt.py
     save_pretrained(causal_lm("angpt"), checkpoint)

@@ -1,6 +1,6 @@
 """transformers' own common tests (ModelTesterMixin, ConfigTester; GenerationTesterMixin where the source distribution
 ships it) against GPT+, nGPT and anGPT, from the source distribution of the installed transformers version
-(tests/transformers_sdist.py fetches and caches it with pip).
+(tests/contract/transformers_sdist.py fetches and caches it with pip).
 
 Marked `transformers_common`: about 150 tests per architecture, so `make test` leaves them out and
 `make test-transformers` runs them (CI does, after `make test`). Without the sdist (no package index reachable)

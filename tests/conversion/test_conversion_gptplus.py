@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from modeling_angpt import AnGPTForCausalLM
-from modeling_angpt.conversion import gptplus_from_transformers
+from modeling_angpt.conversion.llama_qwen3 import gptplus_from_transformers
 
 SCRIPT = Path(__file__).resolve().parents[2] / "conversion" / "llama_qwen3_to_gptplus.py"
 SHAPE = dict(vocab_size=113, hidden_size=48, intermediate_size=88, num_hidden_layers=3, num_attention_heads=4,

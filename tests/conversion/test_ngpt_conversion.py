@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from modeling_angpt.ngpt_conversion import convert_state_dict, config_from_model_args, ngpt_from_reference
+from modeling_angpt.conversion.ngpt import convert_state_dict, config_from_model_args, ngpt_from_reference
 
 ARGS = dict(n_layer=2, n_head=4, n_embd=32, vocab_size=101, block_size=64, use_nGPT=1, bias=False)
 

@@ -61,10 +61,10 @@ def test_bad_inputs_are_one_line_exit_2_no_traceback_nothing_written(eval_env, b
     }
     before = {name: snapshot(broken / name) for name in os.listdir(broken)} | {"ckpt": snapshot(checkpoint)}
     env = child_env(cache)
-    # every case in one fresh interpreter through cli.main (tests/eval_cli_driver.py: stderr captured at file
+    # every case in one fresh interpreter through cli.main (tests/drivers/eval_cli.py: stderr captured at file
     # descriptor 2, escaping exceptions become tracebacks); each separate process would pay ~4 s of imports
     argv = {name: ["eval", *map(str, args)] for name, (args, _) in cases.items()}
-    driver = subprocess.run([sys.executable, str(REPO / "tests" / "eval_cli_driver.py"), json.dumps(argv)],
+    driver = subprocess.run([sys.executable, str(REPO / "tests" / "drivers" / "eval_cli.py"), json.dumps(argv)],
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert driver.returncode == 0, driver.stderr[-3000:]
     outcomes = json.loads(driver.stdout.strip().splitlines()[-1])
@@ -162,8 +162,8 @@ def test_perplexity_suite_and_the_provenance_of_a_result_file(eval_env, tmp_path
     import torch.nn.functional as F
     from transformers import AutoModelForCausalLM
 
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import build_datasets
+    from modeling_angpt.data.sources import resolve_corpus
+    from modeling_angpt.data.build import build_datasets
     from modeling_angpt.training.recipe import recipe_from_dict
 
     checkpoint, _, _ = eval_env
@@ -175,7 +175,7 @@ def test_perplexity_suite_and_the_provenance_of_a_result_file(eval_env, tmp_path
     # the same held-out loss, computed here from the recipe in training_metadata.json: training's 2 x 4 blocks
     metadata = json.loads((checkpoint / "training_metadata.json").read_text())
     recipe = recipe_from_dict(metadata["recipe"])
-    _, _, val, _ = build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+    _, _, val, _ = build_datasets(recipe, resolve_corpus(recipe), contextlib.nullcontext)
     ids = torch.stack([val[i]["input_ids"] for i in range(8)])
     model = AutoModelForCausalLM.from_pretrained(checkpoint)
     with torch.no_grad():

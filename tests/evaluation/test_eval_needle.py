@@ -12,7 +12,7 @@ from evallong_fixtures import tiny_checkpoint  # noqa: F401 (fixture)
 from training_fixtures import data_cache, single_thread  # noqa: F401 (fixtures)
 
 from modeling_angpt.evaluation import EvalOptions, needle
-from modeling_angpt.needle_generator import (QUESTION, NeedleGenerator, check_room, exact_match, filler_from_blocks,
+from modeling_angpt.tasks.needle import (QUESTION, NeedleGenerator, check_room, exact_match, filler_from_blocks,
                                              independent_depth_length, minimum_length, score_answer,
                                              training_features)
 

@@ -154,8 +154,8 @@ def test_offline_data_are_deterministic_for_a_seed_and_cached(eval_env, tmp_path
 def test_recipe_corpus_draws_only_on_the_validation_split(eval_env, tmp_path):
     import yaml
 
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import build_datasets
+    from modeling_angpt.data.sources import resolve_corpus
+    from modeling_angpt.data.build import build_datasets
     from modeling_angpt.training.recipe import load_recipe
 
     checkpoint, corpus, _ = eval_env
@@ -165,7 +165,7 @@ def test_recipe_corpus_draws_only_on_the_validation_split(eval_env, tmp_path):
                                            "data_cache_dir": str(tmp_path / "data")}))
     files = offline_data.task_files(recipe_path, 3)["files"]
     recipe = load_recipe(recipe_path)
-    tokenizer, train, val, _ = build_datasets(recipe, resolve_source(recipe.dataset), contextlib.nullcontext)
+    tokenizer, train, val, _ = build_datasets(recipe, resolve_corpus(recipe), contextlib.nullcontext)
     # the training text, block by block (joined by a character no item contains)
     training_text = "\0".join(tokenizer.decode(block, clean_up_tokenization_spaces=False) for block in train.blocks)
     cloze = [json.loads(line) for line in open(files["angpt_cloze"])]

@@ -12,9 +12,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from modeling_angpt import AnGPTForCausalLM
-from modeling_angpt.checkpoint_check import CheckpointError, check_checkpoint
+from modeling_angpt.inference.checkpoint_check import CheckpointError, check_checkpoint
 from modeling_angpt.cli import main as angpt
-from modeling_angpt.export import ExportError, export_checkpoint
+from modeling_angpt.export.fold import ExportError, export_checkpoint
 
 from checkpoint_fixtures import save_source, write_tokenizer
 from conftest import ARCHITECTURES

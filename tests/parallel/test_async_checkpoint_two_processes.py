@@ -1,7 +1,7 @@
 """Asynchronous checkpoints on two CPU processes (torchrun, gloo; modeling_angpt/training/async_checkpoint.py,
 docs/training.md "Asynchronous checkpoints"): a DDP and an FSDP2 model saved while training goes on, committed at
 the same step on both ranks once every rank's data is written, loaded back exactly on the same two processes
-(tests/async_checkpoint_driver.py) and on one (here: DCP reshards)."""
+(tests/drivers/async_checkpoint.py) and on one (here: DCP reshards)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-from async_checkpoint_driver import SHAPE, equal
+from drivers.async_checkpoint import SHAPE, equal
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
 from modeling_angpt.training.async_checkpoint import load_model_and_optimizer
 from training_fixtures import REPO
@@ -34,7 +34,7 @@ def launched(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("async_checkpoint")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", "2",
-                           str(REPO / "tests" / "async_checkpoint_driver.py"), str(work), *MODES],
+                           str(REPO / "tests" / "drivers" / "async_checkpoint.py"), str(work), *MODES],
                           capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return work

@@ -18,7 +18,7 @@ from training_fixtures import REPO, data_cache, write_recipe  # noqa: F401 (fixt
 
 pytestmark = pytest.mark.parallel
 
-DRIVER = REPO / "tests" / "training_preemption_driver.py"
+DRIVER = REPO / "tests" / "drivers" / "training_preemption.py"
 PREEMPTED = 75
 
 
@@ -141,7 +141,7 @@ def test_a_stream_resumed_on_other_process_counts_trains_on_the_blocks_of_an_uni
     """A stream split into 2 parts (stream_parts): 2 processes, preempted; 1 process with 2 accumulation steps,
     preempted; 2 processes to the end. Every step trains on the blocks the uninterrupted run trained on (each part
     gives each step the same blocks; their order within the step follows the processes)."""
-    from modeling_angpt.training.corpus import shakespeare_files
+    from modeling_angpt.data.sources import shakespeare_files
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -37,7 +37,7 @@ def _launch(folder: Path) -> list[tuple[Path, subprocess.Popen]]:
         with open(log, "w") as out:
             machines.append((log, subprocess.Popen(
                 [str(torchrun), "--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(machine),
-                 "--master-addr", "127.0.0.1", "--master-port", port, str(REPO / "tests" / "rank_watch_driver.py"),
+                 "--master-addr", "127.0.0.1", "--master-port", port, str(REPO / "tests" / "drivers" / "rank_watch.py"),
                  str(folder), str(STALE_S), str(BEAT_S)],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)))
     return machines

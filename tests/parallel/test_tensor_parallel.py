@@ -1,6 +1,6 @@
 """Tensor and pipeline parallelism on two CPU processes (torchrun, gloo) against one process: GPT+, nGPT and anGPT
 with grouped-query attention, training and folded form, and a transformers Qwen3 of the same shape as the control
-(docs/architectures.md, "Tensor and pipeline parallelism"). One launch of tests/tensor_parallel_driver.py runs every
+(docs/architectures.md, "Tensor and pipeline parallelism"). One launch of tests/drivers/tensor_parallel.py runs every
 split; the one-process oracle runs here. Run with `make test-parallel` (CI), not `make test`.
 
 Every 1-D parameter (s_qk, s_u, s_v, s_z, α, gains) is moved off its initial value first, so a scale split the wrong
@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
 from modeling_angpt.pretrained_angpt import LEGACY_SPLIT_ERROR
 from modeling_angpt.training.distributed import apply_weight_constraints
-from tensor_parallel_driver import one_training_step, probe, stretch_constrained
+from drivers.tensor_parallel import one_training_step, probe, stretch_constrained
 from training_fixtures import REPO
 
 pytestmark = pytest.mark.parallel
@@ -69,10 +69,10 @@ def _write_checkpoints(work: Path) -> None:
 
 
 def _launch(work: Path, processes: int, *args: str) -> list[dict]:
-    """tests/tensor_parallel_driver.py under torchrun: every rank's report."""
+    """tests/drivers/tensor_parallel.py under torchrun: every rank's report."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
     proc = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--nproc_per_node", str(processes),
-                           str(REPO / "tests" / "tensor_parallel_driver.py"), str(work), *args],
+                           str(REPO / "tests" / "drivers" / "tensor_parallel.py"), str(work), *args],
                           capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads((work / "reports.json").read_text())

@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
-from modeling_angpt.export import export_checkpoint
+from modeling_angpt.export.fold import export_checkpoint
 
 from checkpoint_fixtures import save_source
 from conftest import ARCHITECTURES

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 through transformers' Trainer on two CPU processes (torchrun, DS_ACCELERATOR=cpu)
 against one process without DeepSpeed (docs/tools.md, "DeepSpeed"): anGPT, 8 AdamW steps at lr 0.05 with the same
-global batch (tests/training_deepspeed_driver.py). DeepSpeed comes with the extra `[deepspeed]`, which make test-tools
+global batch (tests/drivers/training_deepspeed.py). DeepSpeed comes with the extra `[deepspeed]`, which make test-tools
 installs.
 
 - WeightConstraintCallback keeps every weight row in the unit ball under ZeRO-3 with every parameter partitioned (and
@@ -24,7 +24,7 @@ import torch
 pytestmark = pytest.mark.tools  # make test-tools
 
 REPO = Path(__file__).resolve().parents[2]
-DRIVER = REPO / "tests" / "training_deepspeed_driver.py"
+DRIVER = REPO / "tests" / "drivers" / "training_deepspeed.py"
 RUNS = {"zero2": (2, 1), "zero3": (3, 1), "zero3_no_callback": (3, 0), "one_process": (0, 1),
         "one_process_no_callback": (0, 0)}
 
@@ -72,7 +72,7 @@ def test_the_losses_equal_one_process(runs, run, oracle):
 def test_a_zero3_checkpoint_reloads_to_the_same_logits(runs):
     from transformers import AutoModelForCausalLM
 
-    from training_deepspeed_driver import Windows
+    from drivers.training_deepspeed import Windows
 
     work = runs["zero3"][0]
     reloaded = AutoModelForCausalLM.from_pretrained(work / "model", dtype=torch.float32).eval()

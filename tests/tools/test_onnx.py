@@ -12,7 +12,7 @@ from checkpoint_fixtures import save_source
 from cli_helpers import REPO, angpt, assert_one_line_error, snapshot
 
 from modeling_angpt import AnGPTForCausalLM
-from modeling_angpt.export import export_checkpoint, probe_batch
+from modeling_angpt.export.fold import export_checkpoint, probe_batch
 
 pytestmark = pytest.mark.tools  # make test-tools
 
@@ -73,7 +73,7 @@ def test_angpt_onnx_command_matches_the_training_form(tmp_path, tiny_config, cap
 @pytest.mark.slow
 @pytest.mark.parametrize("architecture", ["gptplus", "ngpt"])
 def test_onnx_export_matches_the_training_form(tmp_path, tiny_config, architecture):
-    from modeling_angpt.onnx_export import export_onnx
+    from modeling_angpt.export.onnx import export_onnx
 
     training_dir, folded_dir = _folded_checkpoint(tmp_path, tiny_config, architecture)
     report = export_onnx(folded_dir, tmp_path / "model.onnx")
@@ -105,7 +105,7 @@ def _greedy_onnxruntime(session, config, input_ids, attention_mask, new_tokens: 
 def test_onnx_with_cache_decodes_as_generate_on_the_training_form(tmp_path, tiny_config, architecture):
     import onnxruntime
 
-    from modeling_angpt.onnx_export import export_onnx
+    from modeling_angpt.export.onnx import export_onnx
 
     training_dir, folded_dir = _folded_checkpoint(tmp_path, tiny_config, architecture)
     export_onnx(folded_dir, tmp_path / "model.onnx", with_cache=True)

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from modeling_angpt import AnGPTForCausalLM
 from modeling_angpt.architectures_angpt import FOLDED_TRAINING_ERROR
-from modeling_angpt.export import export_checkpoint
+from modeling_angpt.export.fold import export_checkpoint
 from modeling_angpt.training.callbacks import WeightConstraintCallback
 
 from checkpoint_fixtures import save_source

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, ContinuousBatchingConfig, GenerationConfig
 
-from modeling_angpt.onnx_export import check_batches, compare_with_onnxruntime, export_onnx, to_onnx_program
+from modeling_angpt.export.onnx import check_batches, compare_with_onnxruntime, export_onnx, to_onnx_program
 
 from route_matrix_fixtures import ARCHITECTURE_ROWS, QWEN3, ROW_IDS, ROWS, record, refusal_figure  # noqa: F401
 from route_matrix_fixtures import route_checkpoints  # noqa: F401

@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 from transformers import AutoTokenizer
 
-from modeling_angpt.export import export_checkpoint
+from modeling_angpt.export.fold import export_checkpoint
 
 from checkpoint_fixtures import save_source
 from cli_helpers import angpt, assert_one_line_error
@@ -86,7 +86,7 @@ def test_a_max_model_len_past_the_context_is_one_line(checkpoints, capsys):
 
 
 def test_a_cpu_server_sizes_its_cache_for_the_model_not_for_ram():
-    from modeling_angpt.serving import ServeOptions, with_cpu_cache_sizes
+    from modeling_angpt.serving.server import ServeOptions, with_cpu_cache_sizes
 
     sized = with_cpu_cache_sizes(ServeOptions("ckpt", device="cpu"), max_position_embeddings=1000)
     assert (sized.cb_block_size, sized.cb_num_blocks, sized.cb_max_batch_tokens) == (32, 250, 256)  # 8 × 1000 tokens
@@ -110,10 +110,10 @@ def _serve_on_a_taken_port(checkpoints, capsys) -> tuple[int, str, int]:
 
 
 def test_a_newer_transformers_than_checked_is_refused_before_the_port(checkpoints, capsys, monkeypatch):
-    """modeling_angpt/internals_ledger.py: the server replaces internals of transformers' that a minor release may
+    """modeling_angpt/dependencies/ledger.py: the server replaces internals of transformers' that a minor release may
     change; a release newer than the ledger's is refused in one line, unless the user asks to try it, and one older
     than its server needs (5.24 has no engine client) always."""
-    from modeling_angpt import internals_ledger
+    from modeling_angpt.dependencies import ledger as internals_ledger
 
     real = internals_ledger.installed_version
     monkeypatch.setattr(internals_ledger, "installed_version",
@@ -138,5 +138,5 @@ def test_a_server_internal_gone_is_refused_in_one_line_naming_it(checkpoints, ca
     monkeypatch.delattr(model_manager.EngineClient, "_mark_dead")
     status, error, _ = _serve_on_a_taken_port(checkpoints, capsys)
     assert status == 1 and len(error.splitlines()) == 1, error
-    assert "has no transformers.cli.serving.model_manager.EngineClient._mark_dead, which modeling_angpt/serving.py " \
+    assert "has no transformers.cli.serving.model_manager.EngineClient._mark_dead, which modeling_angpt/serving/server.py " \
            "uses" in error, error

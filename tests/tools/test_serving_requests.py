@@ -1,4 +1,4 @@
-"""The request checks of `angpt serve` (modeling_angpt/serving_requests.py) on their own, no server: each bad body
+"""The request checks of `angpt serve` (modeling_angpt/serving/requests.py) on their own, no server: each bad body
 is one RequestError with its status, field and one line, a good body passes and names its new-token limit, and a
 prompt is fitted to the context (400 naming both numbers when the request asked for too many tokens, cut to what
 fits when it asked for none). tests/tools/test_serve_guard.py sends the same requests to a running server.
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from modeling_angpt.serving import open_to_others_warning
-from modeling_angpt.serving_requests import RequestError, check_body, fit_to_context, parse_body
+from modeling_angpt.serving.server import open_to_others_warning
+from modeling_angpt.serving.requests import RequestError, check_body, fit_to_context, parse_body
 
 pytestmark = pytest.mark.tools
 

@@ -3,7 +3,7 @@ packing: sequences share a row, positions restart at each one, no attention mask
 architectures, and `WeightConstraintCallback` (modeling_angpt/training/callbacks.py) keeps anGPT's rows in the unit
 ball and nGPT's matrices on the unit sphere (docs/architectures.md, "Weight constraints"); without it anGPT's rows
 leave the ball. The loss of TRL's packed batches equals the loss of each sequence alone, and of TRL's padded batches.
-The model card (modeling_angpt/hub.py) names the callback, and its snippet runs as written. Tiny models, a local
+The model card (modeling_angpt/export/hub.py) names the callback, and its snippet runs as written. Tiny models, a local
 tokenizer, a few lines of local text."""
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_model_card_names_the_callback_and_its_snippet_runs(tmp_path, tiny_confi
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from modeling_angpt.export import export_checkpoint
+    from modeling_angpt.export.fold import export_checkpoint
 
     for architecture in ("gptplus", "ngpt", "angpt"):
         save_source(tmp_path / architecture, tiny_config, architecture, vocab_size=len(tokenizer))

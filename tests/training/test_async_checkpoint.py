@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
-from async_checkpoint_driver import SHAPE, equal, train_step
+from drivers.async_checkpoint import SHAPE, equal, train_step
 from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
 from modeling_angpt.training.async_checkpoint import (AsyncCheckpointError, AsyncCheckpointer,
                                                       load_model_and_optimizer)

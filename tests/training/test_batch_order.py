@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from modeling_angpt.training.train_loader import BlockOrder, epoch_key, permute
+from modeling_angpt.data.loader import BlockOrder, epoch_key, permute
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 4097])

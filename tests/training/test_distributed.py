@@ -21,7 +21,7 @@ def test_two_cpu_processes_train_one_identical_model(write_recipe, tmp_path):
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     proc = subprocess.run([str(accelerate), "launch", "--config_file",
                            str(REPO / "configuration" / "accelerate" / "cpu_2proc.yaml"),
-                           str(REPO / "tests" / "training_ddp_driver.py"), str(recipe)],
+                           str(REPO / "tests" / "drivers" / "training_ddp.py"), str(recipe)],
                           capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in (0, 1)]

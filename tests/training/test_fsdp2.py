@@ -27,7 +27,7 @@ def _launch(mode: str, recipe: Path, *overrides: str) -> dict:
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([str(accelerate), "launch", "--config_file",
                            str(REPO / "configuration" / "accelerate" / "cpu_2proc_fsdp2.yaml"),
-                           str(REPO / "tests" / "training_fsdp_driver.py"), mode, str(recipe), *overrides],
+                           str(REPO / "tests" / "drivers" / "training_fsdp.py"), mode, str(recipe), *overrides],
                           capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-4000:]
     run_dir = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir=")))

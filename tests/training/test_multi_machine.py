@@ -7,7 +7,7 @@ With accelerate's seedable sampler every process draws the same permutation of t
 the seed and the epoch) and cuts it into per-process batches; process r takes batches r, r + 2, r + 4, ... of
 them (BatchSamplerShard), so at step k machine 0 holds positions 8k..8k+3 and machine 1 positions 8k+4..8k+7 of
 the permutation: the one process's batch k of 8. The losses then differ only by the order of float32 sums.
-A prepared directory (slow) splits each global batch the same way (train_loader.BlockOrder).
+A prepared directory (slow) splits each global batch the same way (modeling_angpt/data/loader.py, BlockOrder).
 A run stopped after its checkpoint and resumed gives the uninterrupted two-machine run's losses and weights,
 bit for bit (slow: two more launches of two machines)."""
 import json
@@ -24,7 +24,7 @@ import yaml
 from training_fixtures import REPO, TINY, data_cache, single_thread  # noqa: F401 (fixtures)
 
 CONFIG = REPO / "configuration" / "accelerate" / "cpu_2machines.yaml"
-DRIVER = REPO / "tests" / "training_multi_machine_driver.py"
+DRIVER = REPO / "tests" / "drivers" / "training_multi_machine.py"
 STEPS = dict(max_steps=6, save_steps=3, eval_steps=0, logging_steps=3, per_device_train_batch_size=4,
              report_to=["jsonl"])
 
@@ -71,8 +71,8 @@ def _check_one_model(reports: list[dict]) -> None:
 
 def _prepared_corpus(work: Path, data_cache: Path) -> Path:
     """A small text corpus tokenised by `angpt prepare` into token shards (the path for corpora at scale)."""
-    from modeling_angpt.training.corpus import shakespeare_files
-    from modeling_angpt.training.prepare import prepare_corpus
+    from modeling_angpt.data.sources import shakespeare_files
+    from modeling_angpt.data.prepare import prepare_corpus
     from modeling_angpt.training.recipe import load_recipe
 
     corpus = work / "corpus"

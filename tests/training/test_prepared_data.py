@@ -18,16 +18,17 @@ from training_fixtures import REPO, TINY, data_cache, single_thread, write_recip
 from modeling_angpt.commands import CommandError
 from modeling_angpt.commands import prepare as prepare_command
 from modeling_angpt.commands import train as train_command
-from modeling_angpt.training import prepare as prepare_module
-from modeling_angpt.training.prepare import prepare_corpus as prepare
+from modeling_angpt.data import prepare as prepare_module
+from modeling_angpt.data.prepare import prepare_corpus as prepare
 from modeling_angpt.training.recipe import load_recipe
-from modeling_angpt.training.shards import MANIFEST, held_out
+from modeling_angpt.data.shards import MANIFEST
+from modeling_angpt.data.shards import held_out
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """Four text files cut from the default corpus (about 160 KB)."""
-    from modeling_angpt.training.corpus import shakespeare_files
+    from modeling_angpt.data.sources import shakespeare_files
 
     directory = tmp_path_factory.mktemp("corpus")
     for index, path in enumerate(shakespeare_files()[:4]):
@@ -44,8 +45,8 @@ def recipe_for(write_recipe, corpus):
 
 def _documents(recipe):
     """The corpus as training reads it (datasets' text builder, one row per paragraph), with each row's side."""
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import load_texts
+    from modeling_angpt.data.sources import resolve_source
+    from modeling_angpt.data.build import load_texts
 
     rows = [t for t in load_texts(resolve_source(recipe.dataset), recipe)["text"] if t]
     return [(t + "\n\n", held_out(t, recipe.data_seed, recipe.validation_fraction)) for t in rows]
@@ -175,7 +176,7 @@ def test_damaged_prepared_data_stops_training_with_one_line(damage, expected, pr
         manifest = json.loads((data / MANIFEST).read_text())
         (data / MANIFEST).write_text(json.dumps({**manifest, "format_version": 99}))
     else:  # another tokenizer saved where the shards' tokenizer was
-        from modeling_angpt.training.data import train_bpe
+        from modeling_angpt.data.tokenizer import train_bpe
 
         shutil.rmtree(data / "tokenizer")
         train_bpe([["another corpus entirely, " * 50]], 300, data / "tokenizer")
@@ -185,7 +186,7 @@ def test_damaged_prepared_data_stops_training_with_one_line(damage, expected, pr
 
 
 def test_a_recipe_naming_another_tokenizer_is_refused(prepared, write_recipe, tmp_path, capsys):
-    from modeling_angpt.training.data import train_bpe
+    from modeling_angpt.data.tokenizer import train_bpe
 
     train_bpe([["some other text " * 100]], 300, tmp_path / "other-tokenizer")
     status, err = _train_cli(write_recipe(), capsys, f"dataset={prepared}", f"tokenizer={tmp_path / 'other-tokenizer'}")

@@ -39,7 +39,7 @@ def test_bad_recipe_values_name_the_key(bad, message):
 def test_validation_is_capped_by_default_and_null_lifts_the_cap():
     """A recipe that keeps the defaults scores 8 batches of 16 blocks per process, whatever the corpus's size
     (docs/training.md, "Validation"); eval_max_batches: null scores every held-out block."""
-    from modeling_angpt.training.data import scored_validation_blocks
+    from modeling_angpt.data.loader import scored_validation_blocks
 
     default = recipe_from_dict({})
     assert scored_validation_blocks(default, 1_000_000) == 8 * 16
@@ -129,7 +129,7 @@ def test_accelerate_configs_load():
 
 def test_split_is_deterministic_disjoint_and_independent_of_the_training_seed():
     import numpy as np
-    from modeling_angpt.training.data import split_blocks
+    from modeling_angpt.data.blocks import split_blocks
     blocks = np.arange(200 * 4).reshape(200, 4)
     train_a, val_a = split_blocks(blocks, 0.1, seed=7)
     train_b, val_b = split_blocks(blocks, 0.1, seed=7)
@@ -140,7 +140,7 @@ def test_split_is_deterministic_disjoint_and_independent_of_the_training_seed():
 
 
 def test_a_dataset_directory_ignores_the_cache_written_beside_it(tmp_path):
-    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.data.sources import resolve_source
 
     (tmp_path / "a.txt").write_text("hello")
     cache = tmp_path / ".angpt_cache" / "tokenizer-bpe300-x"
@@ -161,12 +161,14 @@ def _corpus_with_numbers(tmp_path):
 
 
 def _trained_tokenizer(corpus, tmp_path, **keys):
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import get_tokenizer, load_texts
+    from modeling_angpt.data.build import load_texts
+    from modeling_angpt.data.sources import resolve_corpus
+    from modeling_angpt.data.tokenizer import get_tokenizer
 
-    recipe = recipe_from_dict({"dataset": str(corpus), "tokenizer_vocab_size": 400, **keys})
-    source = resolve_source(recipe.dataset)
-    return get_tokenizer(recipe, source, load_texts(source, recipe), tmp_path / "cache")
+    recipe = recipe_from_dict({"dataset": str(corpus), "tokenizer_vocab_size": 400, "data_cache_dir": str(tmp_path / "cache"),
+                               **keys})
+    corpus = resolve_corpus(recipe)
+    return get_tokenizer(recipe, corpus, load_texts(corpus.source, recipe))
 
 
 def test_split_digits_makes_a_number_the_same_digit_tokens_wherever_it_stands(tmp_path):

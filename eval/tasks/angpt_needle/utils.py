@@ -1,5 +1,5 @@
 """Data builder and scorer of the lm-eval task `angpt_needle` (the code lives in modeling_angpt.evaluation.needle and
-modeling_angpt.needle_generator).
+modeling_angpt.tasks.needle).
 
 `build_dataset` receives lm-eval's metadata: the model arguments (`pretrained=DIR`, optionally `tokenizer=`) merged
 with `--metadata` JSON and the subtask's `multiple`. Metadata keys read here: `num_samples` (examples per length,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import datasets
 
 from modeling_angpt.evaluation.needle import DEFAULT_EXAMPLES, needle_documents
-from modeling_angpt.needle_generator import exact_match, score_answer
+from modeling_angpt.tasks.needle import exact_match, score_answer
 
 
 def build_dataset(multiple: int = 1, pretrained=None, tokenizer=None, num_samples: int = DEFAULT_EXAMPLES,
@@ -29,6 +29,6 @@ def build_dataset(multiple: int = 1, pretrained=None, tokenizer=None, num_sample
 
 def process_results(doc: dict, results: list[str]) -> dict:
     """needles_found: the fraction of the three needles the answer names, in any order; exact_match: the answer line
-    equals the target string (white space normalised). modeling_angpt/needle_generator.py states the rules."""
+    equals the target string (white space normalised). modeling_angpt/tasks/needle.py states the rules."""
     return {"needles_found": score_answer(results[0], doc["cities"], doc["numbers"]),
             "exact_match": exact_match(results[0], doc["target"])}

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 
-from .export import unwritable_parent
+from .fold import unwritable_parent
 
 # |Δlogit| ≤ tolerance · max(1, max|logit|), onnxruntime against PyTorch in float32 (the measured differences,
 # far smaller: docs/tools.md, row "ONNX Runtime").
@@ -107,7 +107,7 @@ def to_onnx_program(model, with_cache: bool = False, opset_version: int | None =
     5 with the cache: a dimension traced at size 0 or 1 would be fixed)."""
     import torch
 
-    from .export import probe_batch
+    from .fold import probe_batch
 
     config, layers = model.config, model.config.num_hidden_layers
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
@@ -138,11 +138,11 @@ def check_batches(vocab_size: int) -> list[tuple]:
     """(input_ids, attention_mask) pairs of shapes other than the traced one; the first one left-padded."""
     import torch
 
-    from .export import probe_batch
+    from .fold import probe_batch
 
     padded = probe_batch(vocab_size, batch=3, length=21, seed=1)
     mask = torch.ones_like(padded)
-    mask[0, :5] = 0  # left padding, as batched generation pads (modeling_angpt/tokenization.py)
+    mask[0, :5] = 0  # left padding, as batched generation pads (modeling_angpt/inference/padding.py)
     single = probe_batch(vocab_size, batch=1, length=7, seed=2)
     return [(padded, mask), (single, torch.ones_like(single))]
 
@@ -192,7 +192,7 @@ def export_onnx(checkpoint_dir, path, with_cache: bool = False, tolerance: float
     ... in, `present.N.key` ... out). Above 2 GB of weights, torch's exporter puts them in `path`.data."""
     import torch
 
-    from .checkpoint_check import check_checkpoint
+    from ..inference.checkpoint_check import check_checkpoint
 
     checkpoint_dir, path = check_onnx_paths(checkpoint_dir, path, overwrite, tolerance)
     tolerance = DEFAULT_TOLERANCE if tolerance is None else tolerance

@@ -78,7 +78,7 @@ def unwritable_parent(path: str) -> str | None:
 
 
 def _copy_tokenizer(src: str, partial: str, folded) -> None:
-    """The source's tokenizer files, then padding set up for batched generation (tokenization.py)."""
+    """The source's tokenizer files, then padding set up for batched generation (inference/padding.py)."""
     copied = False
     for name in TOKENIZER_FILES:
         if os.path.isfile(os.path.join(src, name)):
@@ -88,7 +88,7 @@ def _copy_tokenizer(src: str, partial: str, folded) -> None:
         return
     from transformers import AutoTokenizer
 
-    from .tokenization import make_batchable, set_pad_token_id
+    from ..inference.padding import make_batchable, set_pad_token_id
 
     tokenizer = AutoTokenizer.from_pretrained(partial)
     if make_batchable(tokenizer):
@@ -104,8 +104,8 @@ def export_checkpoint(src, dst, dtype=None, tolerance: float | None = None,
     of `dst`: the new checkpoint is complete and verified before the old one is moved away."""
     import torch
 
-    from . import register_auto_classes
-    from .checkpoint_check import check_checkpoint
+    from .. import register_auto_classes
+    from ..inference.checkpoint_check import check_checkpoint
     from .hub import read_card_info, save_pretrained, write_model_card
 
     register_auto_classes()  # the self-check reloads the export through the Auto classes

@@ -29,10 +29,6 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
 
 
-def is_prepared_dir(path) -> bool:
-    return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
-
-
 def tokenizer_hash(tokenizer) -> str:
     """The tokenizer's identity: its full serialised form (vocabulary, merges, normaliser, special tokens)."""
     blob = tokenizer.backend_tokenizer.to_str() if hasattr(tokenizer, "backend_tokenizer") else repr(tokenizer)
@@ -67,7 +63,7 @@ def load_prepared_tokenizer(directory, manifest: dict):
     """The tokenizer saved beside the shards, checked against the hash the manifest recorded."""
     from transformers import AutoTokenizer
 
-    from ..tokenization import make_batchable
+    from ..inference.padding import make_batchable
 
     path = Path(directory) / TOKENIZER_DIR
     try:
@@ -159,3 +155,18 @@ class ShardedBlocks:
 
     def __getstate__(self):  # DataLoader workers re-open the maps themselves
         return {**self.__dict__, "_maps": {}}
+
+
+def prepared_datasets(recipe, directory: Path):
+    """(tokenizer, train, val, info) from a directory `angpt prepare` wrote: memory-mapped, nothing loaded."""
+    manifest = read_manifest(directory)
+    check_recipe_tokenizer(recipe.tokenizer, manifest, directory)
+    tokenizer = load_prepared_tokenizer(directory, manifest)
+    train, val = (ShardedBlocks(directory, manifest, split, recipe.block_size) for split in ("train", "val"))
+    if len(val) == 0:
+        raise ValueError(f"{directory}: the held-out documents ({manifest['totals']['val']['tokens']} tokens) do not "
+                         f"fill one block of block_size={recipe.block_size} tokens; lower block_size or prepare with "
+                         "a larger validation_fraction")
+    info = {"dataset": manifest["dataset"], "prepared": str(directory), "train_blocks": len(train),
+            "val_blocks": len(val), "train_tokens": train.tokens, "val_tokens": val.tokens}
+    return tokenizer, train, val, info

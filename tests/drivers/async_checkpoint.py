@@ -3,7 +3,7 @@ asynchronous save of a DDP or FSDP2 model (modeling_angpt/training/async_checkpo
 load on the same two processes. Rank 0 writes the full state at the moment of the save (the oracle) and each rank its
 report.
 
-    torchrun --nproc_per_node 2 tests/async_checkpoint_driver.py WORK ddp fsdp2
+    torchrun --nproc_per_node 2 tests/drivers/async_checkpoint.py WORK ddp fsdp2
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ LM_EVAL = ("0.4.13",)
 
 # where the names are used, and the modules of transformers' server and continuous batching
 _SERVER = "transformers.cli.serving.model_manager"
-SERVING, GUARD = "modeling_angpt/serving.py", "modeling_angpt/serving_guard.py"
+SERVING, GUARD = "modeling_angpt/serving/server.py", "modeling_angpt/serving/guard.py"
 CONFIG, PRETRAINED = "modeling_angpt/configuration_angpt.py", "modeling_angpt/pretrained_angpt.py"
 MODEL_FILES, FLEX = "modeling_angpt/modeling_angpt.py, pretrained_angpt.py", "modeling_angpt/flex_angpt.py"
 _CACHE = "transformers.generation.continuous_batching"
@@ -233,7 +233,7 @@ def describe_missing(entry: Entry) -> str:
     """The one line naming an entry the installed version lacks."""
     return (f"{entry.distribution} {installed_version(entry.distribution)} has no {entry.label()}, which "
             f"{entry.used_in} uses ({entry.why}; checked with {entry.distribution} "
-            f"{', '.join(entry.checked_with)}; modeling_angpt/internals_ledger.py)")
+            f"{', '.join(entry.checked_with)}; modeling_angpt/dependencies/ledger.py)")
 
 
 def missing_entries(entries=ENTRIES) -> list[str]:
@@ -258,12 +258,12 @@ def serving_refusal() -> str | None:
     oldest, newest = min(TRANSFORMERS_SERVER, key=_minor), max(TRANSFORMERS_SERVER, key=_minor)
     if installed is not None and _minor(installed) < _minor(oldest):
         return (f"transformers {installed} is older than angpt serve needs: its server has no engine client and "
-                f"model loader to replace before {oldest} (modeling_angpt/internals_ledger.py); install "
+                f"model loader to replace before {oldest} (modeling_angpt/dependencies/ledger.py); install "
                 f"'transformers[serving]>={oldest}' (the [tools] extra)")
     if installed is not None and _minor(installed) > _minor(newest) and os.environ.get(UNTESTED_VARIABLE) != "1":
         return (f"transformers {installed} is newer than the versions angpt serve was checked with "
                 f"({', '.join(TRANSFORMERS_SERVER)}): it replaces parts of transformers' server that a minor release "
-                f"may change (modeling_angpt/internals_ledger.py); install 'transformers<{_minor(newest)[0]}."
+                f"may change (modeling_angpt/dependencies/ledger.py); install 'transformers<{_minor(newest)[0]}."
                 f"{_minor(newest)[1] + 1}', or set {UNTESTED_VARIABLE}=1 to try it")
     missing = missing_entries(SERVING_ENTRIES)
     return missing[0] if missing else None

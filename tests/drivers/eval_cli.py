@@ -3,7 +3,7 @@ the console script does), so the test pays the torch/transformers start-up once 
 Everything written to file descriptor 2 during a case is that case's stderr; an escaping exception is
 printed as the interpreter would (a traceback) with exit status 1.
 
-    python tests/eval_cli_driver.py CASES_JSON   ->   stdout: {name: {"returncode": int, "stderr": str}}
+    python tests/drivers/eval_cli.py CASES_JSON   ->   stdout: {name: {"returncode": int, "stderr": str}}
 """
 import json
 import os

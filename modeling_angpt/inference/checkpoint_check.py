@@ -54,8 +54,8 @@ def check_checkpoint(directory: str, model_class=None):
     shape; returns the config. `model_class` defaults to the one named in config.json's `architectures`."""
     from transformers import AutoConfig
 
-    from . import register_auto_classes
-    from .modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification
+    from .. import register_auto_classes
+    from ..modeling_angpt import AnGPTForCausalLM, AnGPTForSequenceClassification
 
     register_auto_classes()
 

@@ -26,7 +26,7 @@ def generate_text(checkpoint, prompt: str = "", max_new_tokens: int = 50, temper
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import register_auto_classes
+    from .. import register_auto_classes
     from .checkpoint_check import check_checkpoint
 
     register_auto_classes()

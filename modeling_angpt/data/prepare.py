@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpus import DataSource, source_fingerprint, with_separators, default_cache_dir, resolve_source, separator
 from .shards import (FORMAT, FORMAT_VERSION, MANIFEST, TOKENIZER_DIR, PreparedDataError, held_out, read_manifest,
                      token_dtype, tokenizer_hash)
+from .sources import DataSource, resolve_corpus, resolve_source, separator, source_fingerprint, with_separators
 
 PROGRESS = ".prepare.json"   # an unfinished prepare: its inputs, so a resume can check they are the same
 ROWS_PER_BATCH = 1000
@@ -86,7 +86,7 @@ def _check_output(output: Path, identity: dict) -> dict | None:
 
 
 def _load_corpus(recipe, source: DataSource):
-    from .data import limit_chars, load_texts
+    from .build import limit_chars, load_texts
 
     ds = load_texts(source, recipe, streaming=recipe.streaming)
     if not recipe.streaming:
@@ -178,7 +178,7 @@ def _encoder(path: Path):
 @functools.lru_cache(maxsize=1)
 def _unit_context(recipe_json: str, output: str):
     """(recipe, source, corpus, encode, dtype) for the units of one prepare: loaded once per process, not per unit."""
-    from .recipe import recipe_from_dict
+    from ..training.recipe import recipe_from_dict
 
     recipe = recipe_from_dict(json.loads(recipe_json))
     source = resolve_source(recipe.dataset)
@@ -251,7 +251,8 @@ def prepare_corpus(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_U
         raise PreparedDataError(f"recipe key dataset_kind={recipe.dataset_kind!r}: angpt prepare writes text corpora "
                                 "(dataset_kind: blocks)")
     output = Path(output)
-    source = resolve_source(recipe.dataset)
+    corpus = resolve_corpus(recipe)
+    source = corpus.source
     if source.kind == "prepared":
         raise PreparedDataError(f"recipe key dataset={recipe.dataset!r} is already a prepared directory")
     identity = inputs_identity(recipe, source)
@@ -268,10 +269,9 @@ def prepare_corpus(recipe, output, num_proc: int = 1, unit_mb: float = DEFAULT_U
     if (output / TOKENIZER_DIR).is_dir():    # resumed: the tokenizer the finished units were written with
         tokenizer = AutoTokenizer.from_pretrained(output / TOKENIZER_DIR)
     else:
-        from .data import get_tokenizer
+        from .tokenizer import get_tokenizer
 
-        cache = Path(recipe.data_cache_dir) if recipe.data_cache_dir else default_cache_dir(source)
-        tokenizer = get_tokenizer(recipe, source, ds, cache)
+        tokenizer = get_tokenizer(recipe, corpus, ds)
         _save_tokenizer(tokenizer, output)
     dtype = token_dtype(len(tokenizer))
     pending = [unit for unit in units if not _unit_done(output, unit[0], dtype)]

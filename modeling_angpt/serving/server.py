@@ -9,7 +9,7 @@ below is its loader with that one step replaced; everything else (the API, the t
 batching manager) is transformers'.
 
 What a server facing clients needs on top (docs/tools.md, "angpt serve facing clients"): a guard in front of
-transformers' FastAPI app (modeling_angpt/serving_guard.py: API key, body size, a bound on requests held, each request's
+transformers' FastAPI app (modeling_angpt/serving/guard.py: API key, body size, a bound on requests held, each request's
 fields, a time limit), the prompt fitted to the model's context before it reaches the worker (`SupervisedEngineClient`),
 and a model worker that dies restarted (`SupervisedEngineClient`), or the process exiting non-zero once its restarts are
 spent. They go in where transformers' `Serve.run` looks its parts up, its modules' `ModelLoader`, `EngineClient` and
@@ -32,8 +32,8 @@ from transformers.cli.serving import model_manager
 from transformers.cli.serving.utils import EngineDeadError, parse_model_id, prompt_length
 from transformers.utils import logging
 
-from .serving_guard import GuardOptions, RequestGuard
-from .serving_requests import REQUESTED_MAX_TOKENS, RequestError, fit_to_context
+from .guard import GuardOptions, RequestGuard
+from .requests import REQUESTED_MAX_TOKENS, RequestError, fit_to_context
 
 logger = logging.get_logger("transformers.cli.serving")
 
@@ -73,7 +73,7 @@ class AutoModelLoader(model_manager.ModelLoader):
     def _load_model(self, model_id: str, tqdm_class=None, progress_callback=None):
         from transformers import AutoModelForCausalLM
 
-        from . import register_auto_classes
+        from .. import register_auto_classes
 
         register_auto_classes()
         repo, revision, _ = parse_model_id(model_id)
@@ -87,7 +87,7 @@ class AutoModelLoader(model_manager.ModelLoader):
 
 def remember_batching_manager(model):
     """The model keeps the batching manager transformers' worker starts on it (`serving_batching_manager`), for
-    /metrics to read its KV cache in the model's process (`serving_guard.batching_state`)."""
+    /metrics to read its KV cache in the model's process (`guard.batching_state`)."""
     start = model.init_continuous_batching
 
     def start_and_remember(*args, **kwargs):
@@ -208,8 +208,8 @@ def check_checkpoint_servable(options: ServeOptions) -> bool:
     its tokenizer has a chat template (/v1/chat/completions needs one)."""
     from transformers import AutoTokenizer
 
-    from .checkpoint_check import check_checkpoint
-    from .paged_angpt import check_paged_support
+    from ..inference.checkpoint_check import check_checkpoint
+    from ..paged_angpt import check_paged_support
 
     config, _ = check_checkpoint(options.checkpoint)
     context = config.max_position_embeddings
@@ -293,7 +293,7 @@ def serve_checkpoint(options: ServeOptions) -> None:
     from transformers import AutoConfig
     from transformers.cli.serve import Serve
 
-    from . import register_auto_classes
+    from .. import register_auto_classes
 
     if not os.path.isfile(os.path.join(options.checkpoint, "config.json")):
         raise ServeError(f"checkpoint {options.checkpoint}: not a checkpoint directory (no config.json)")

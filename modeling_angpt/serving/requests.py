@@ -4,8 +4,8 @@ status and error body OpenAI's API and vLLM give, and never reaches the continuo
 or a prompt and `max_tokens` longer than the context, kill transformers' worker in transformers 5.25).
 
 Two steps: `check_body` on the JSON body (no model needed), in the server's request guard
-(modeling_angpt/serving_guard.py); `fit_to_context` once the prompt is tokenized, in the engine client
-(modeling_angpt/serving.py), where the prompt's length is known.
+(modeling_angpt/serving/guard.py); `fit_to_context` once the prompt is tokenized, in the engine client
+(modeling_angpt/serving/server.py), where the prompt's length is known.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 # The tests' models are 64 wide: bitsandbytes' packed 4-bit path needs every layer's input at least as wide as its
 # quantization block (64); narrower, it fails on a transformers Qwen3 too (test_bnb_4bit_paths.py).
 HIDDEN = 64

@@ -1,6 +1,6 @@
 """Needle in a haystack (scale-invariant paper; docs/evaluation.md, "Needle in a haystack"): the example generator
 and the scorer. Training fine-tunes on its examples (recipe key dataset_kind: needle), evaluation scores a model on
-them (`angpt eval --suite needle`, the lm-eval task angpt_needle): it sits below both, beside tokenization.py, and
+them (`angpt eval --suite needle`, the lm-eval task angpt_needle): it sits below both, in modeling_angpt/tasks/, and
 imports nothing of the package (the model files never import it).
 
 An example of token length L is filler text with three needles `The special magic <city> number is <n>.` (three

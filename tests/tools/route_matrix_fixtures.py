@@ -7,7 +7,7 @@ text; a random-init model's argmax is noise), trained once per test session and 
 lock: the first worker trains, the others read). Qwen3 is trained the same way with plain Adam.
 
 Each cell appends one line of JSON (tool, route, mode, row, figure) to the file named by ANGPT_ROUTE_MATRIX, or to
-route_matrix.jsonl in the session's temporary directory; `python tests/route_matrix_fixtures.py FILE` prints
+route_matrix.jsonl in the session's temporary directory; `python tests/tools/route_matrix_fixtures.py FILE` prints
 the table (one row per tool, route and mode; one column per architecture and form, Qwen3 last)."""
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ import itertools
 import numpy as np
 import torch
 
-from .corpus import separator
 from .shards import held_out
+
 
 
 def _texts(ds, column: str, data_seed: int, fraction: float, validation: bool):
@@ -33,11 +33,11 @@ def _texts(ds, column: str, data_seed: int, fraction: float, validation: bool):
             yield text
 
 
-def _pack(texts, tokenizer, builder: str, size: int, buffer: list[int]):
+def _pack(texts, tokenizer, separator: str, size: int, buffer: list[int]):
     """Blocks of `size` token ids from `texts`, each document followed by its separator. `buffer` holds the tokens
     read but not yet packed and is updated in place, before each block is handed out (PackedStream saves it)."""
     for text in texts:
-        buffer += tokenizer(text + separator(builder), add_special_tokens=False)["input_ids"]
+        buffer += tokenizer(text + separator, add_special_tokens=False)["input_ids"]
         while len(buffer) >= size:
             block = buffer[:size]
             del buffer[:size]
@@ -47,8 +47,8 @@ def _pack(texts, tokenizer, builder: str, size: int, buffer: list[int]):
 class PackedStream(torch.utils.data.IterableDataset):
     """Blocks of `block_size` tokens from the training documents (not held out) of a text stream."""
 
-    def __init__(self, ds, tokenizer, column: str, builder: str, block_size: int, data_seed: int, fraction: float):
-        self.ds, self.tokenizer, self.column, self.builder = ds, tokenizer, column, builder
+    def __init__(self, ds, tokenizer, column: str, separator: str, block_size: int, data_seed: int, fraction: float):
+        self.ds, self.tokenizer, self.column, self.separator = ds, tokenizer, column, separator
         self.block_size, self.data_seed, self.fraction = block_size, data_seed, fraction
         self._buffer: list[int] = []
         self._resume: dict | None = None
@@ -60,7 +60,7 @@ class PackedStream(torch.utils.data.IterableDataset):
         else:
             self._buffer = []
         texts = _texts(self.ds, self.column, self.data_seed, self.fraction, validation=False)
-        for block in _pack(texts, self.tokenizer, self.builder, self.block_size, self._buffer):
+        for block in _pack(texts, self.tokenizer, self.separator, self.block_size, self._buffer):
             yield {"input_ids": torch.tensor(block, dtype=torch.long)}
 
     def state_dict(self) -> dict:
@@ -71,11 +71,11 @@ class PackedStream(torch.utils.data.IterableDataset):
         self._resume = state
 
 
-def validation_blocks(ds, tokenizer, recipe, builder: str) -> np.ndarray:
+def validation_blocks(ds, tokenizer, recipe, separator: str) -> np.ndarray:
     """[n, block_size] token ids: the first `recipe.validation_blocks` blocks of the held-out documents."""
     size = recipe.block_size
     texts = _texts(ds, recipe.text_column, recipe.data_seed, recipe.validation_fraction, validation=True)
-    blocks = list(itertools.islice(_pack(texts, tokenizer, builder, size, []), recipe.validation_blocks))
+    blocks = list(itertools.islice(_pack(texts, tokenizer, separator, size, []), recipe.validation_blocks))
     if not blocks:
         raise ValueError(f"recipe key dataset={recipe.dataset!r}: the stream's held-out documents "
                          f"(validation_fraction={recipe.validation_fraction}) do not fill one block of "
@@ -137,13 +137,13 @@ def saved_stream_state(files: list) -> dict:
     return parts
 
 
-def stream_datasets(ds, tokenizer, recipe, builder: str, rank: int, processes: int, parts: int):
+def stream_datasets(ds, tokenizer, recipe, separator: str, rank: int, processes: int, parts: int):
     """(StreamParts of this process's parts of the stream's `parts`, validation blocks)."""
     from datasets.distributed import split_dataset_by_node
 
-    val = validation_blocks(ds, tokenizer, recipe, builder)
     streams = {part: PackedStream(split_dataset_by_node(ds, rank=part, world_size=parts) if parts > 1 else ds,
-                                  tokenizer, recipe.text_column, builder, recipe.block_size, recipe.data_seed,
+                                  tokenizer, recipe.text_column, separator, recipe.block_size, recipe.data_seed,
                                   recipe.validation_fraction)
                for part in process_parts(rank, processes, parts)}
-    return StreamParts(streams, recipe.per_device_train_batch_size, recipe.dataloader_num_workers), val
+    train = StreamParts(streams, recipe.per_device_train_batch_size, recipe.dataloader_num_workers)
+    return train, validation_blocks(ds, tokenizer, recipe, separator)

@@ -1,6 +1,6 @@
 """The guard `angpt serve` puts in front of transformers' server (an ASGI middleware on its FastAPI app, outermost;
 docs/tools.md, "angpt serve facing clients"): who may call (`--api-key`, OpenAI's `Authorization: Bearer`), the body's
-size, a bound on the requests held at once (429 past it), the body's fields (modeling_angpt/serving_requests.py), a time
+size, a bound on the requests held at once (429 past it), the body's fields (modeling_angpt/serving/requests.py), a time
 limit per request, a truthful /health while the model's worker restarts, and /metrics (Prometheus' text format) with the
 paged KV cache's free blocks. transformers' own middleware (request ids, cancelling a request whose client left) and
 routes run inside it unchanged.
@@ -12,7 +12,7 @@ import hmac
 import json
 from dataclasses import dataclass
 
-from .serving_requests import GENERATION_PATHS, REQUESTED_MAX_TOKENS, RequestError, check_body, parse_body
+from .requests import GENERATION_PATHS, REQUESTED_MAX_TOKENS, RequestError, check_body, parse_body
 
 
 @dataclass
@@ -170,7 +170,7 @@ def batching_state(model, processor) -> dict:
     and waiting, and its paged KV cache's free and total blocks (a block: `--cb-block-size` tokens of every layer).
     Free counts the blocks a finished request left cached for prefix sharing too: no request holds them and the
     cache evicts them as soon as a request needs room. The manager is the one `remember_batching_manager`
-    (modeling_angpt/serving.py) kept on the model."""
+    (modeling_angpt/serving/server.py) kept on the model."""
     manager = getattr(model, "serving_batching_manager", None)
     processor_ = None if manager is None else manager.batch_processor
     if processor_ is None:  # generate(), or the worker not started yet

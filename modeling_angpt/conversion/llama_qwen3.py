@@ -5,7 +5,7 @@ QK-norm off, exactly Llama), and the parameter names are the same: the conversio
 """
 from __future__ import annotations
 
-from .configuration_angpt import AnGPTConfig
+from ..configuration_angpt import AnGPTConfig
 
 SUPPORTED_MODEL_TYPES = {"qwen3": True, "llama": False}  # model_type -> has QK-norm
 
@@ -50,7 +50,7 @@ def gptplus_config_from(source) -> AnGPTConfig:
 
 def gptplus_from_transformers(source_model):
     """Convert an in-memory LlamaForCausalLM / Qwen3ForCausalLM into an AnGPTForCausalLM (GPT+)."""
-    from .modeling_angpt import AnGPTForCausalLM
+    from ..modeling_angpt import AnGPTForCausalLM
 
     config = gptplus_config_from(source_model.config)
     model = AnGPTForCausalLM(config).to(next(source_model.parameters()).dtype)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from .architectures_angpt import ARCHITECTURES
+from ..architectures_angpt import ARCHITECTURES
 
 CARD_KEYS = ("datasets", "train_tokens", "val_loss", "license", "repo_id", "base_model")
 # What loads this checkpoint, exactly (tests/contract/test_loading.py checks each clause in a fresh interpreter).

@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from .configuration_angpt import AnGPTConfig
+from ..configuration_angpt import AnGPTConfig
 
 LAYER_KEYS = ("query.weight", "key.weight", "value.weight", "att_c_proj.weight", "c_fc.weight", "mlp_c_proj.weight",
               "attn_alpha", "mlp_alpha", "sqk", "suv")
@@ -121,7 +121,7 @@ def convert_state_dict(state: dict, config: AnGPTConfig, base_scale: float | Non
 
 def ngpt_from_reference(state: dict, model_args: dict, rope_layout: str = "interleaved", **overrides):
     """An AnGPTForCausalLM (nGPT) from a reference state dict and its GPTConfig fields (`model_args`)."""
-    from .modeling_angpt import AnGPTForCausalLM
+    from ..modeling_angpt import AnGPTForCausalLM
 
     config = config_from_model_args(model_args, **overrides)
     model = AnGPTForCausalLM(config)

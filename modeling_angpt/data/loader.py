@@ -136,3 +136,13 @@ def data_epoch(dataloader, batches_done: int) -> int:
 def loader_state(dataloader) -> dict | None:
     """What a checkpoint must hold to resume this process's data exactly, beyond the batch count."""
     return dataloader.state_dict() if isinstance(dataloader, StreamParts) else None
+
+
+def scored_validation_blocks(recipe, available: int, processes: int = 1) -> int:
+    """How many validation blocks training's validation loss averages: the first
+    eval_max_batches × per_device_eval_batch_size × processes of the split (its order is fixed by data_seed), or
+    all of them. Recorded as `val_sequences` in training_metadata.json, so an evaluation of the checkpoint can
+    score the same subset (docs/evaluation.md)."""
+    if recipe.eval_max_batches is None:
+        return available
+    return min(available, recipe.eval_max_batches * recipe.per_device_eval_batch_size * processes)
