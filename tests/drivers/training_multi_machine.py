@@ -1,4 +1,4 @@
-"""Run by tests/training/test_multi_machine.py on each machine of a multi-machine `accelerate launch`
+"""Run by tests/parallel/test_multi_machine.py on each machine of a multi-machine `accelerate launch`
 (configuration/accelerate/cpu_2machines.yaml): train from a recipe, or stop after its first checkpoint, or resume,
 and then every rank writes what it saw: the machine it ran on (torchrun's GROUP_RANK), its ranks, the losses and a
 hash of its parameters' bytes."""

@@ -23,6 +23,8 @@ import yaml
 
 from training_fixtures import REPO, TINY, data_cache, single_thread  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.parallel  # several processes: make test-parallel
+
 CONFIG = REPO / "configuration" / "accelerate" / "cpu_2machines.yaml"
 DRIVER = REPO / "tests" / "drivers" / "training_multi_machine.py"
 STEPS = dict(max_steps=6, save_steps=3, eval_steps=0, logging_steps=3, per_device_train_batch_size=4,

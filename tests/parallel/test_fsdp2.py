@@ -17,6 +17,8 @@ import torch
 
 from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.parallel  # several processes: make test-parallel
+
 STEPS = dict(max_steps=6, save_steps=3, eval_steps=0, logging_steps=3, per_device_train_batch_size=4,
              report_to=["jsonl"])
 

@@ -9,6 +9,8 @@ import pytest
 
 from training_fixtures import REPO, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
+pytestmark = pytest.mark.parallel  # several processes: make test-parallel
+
 
 # make test runs the same checks (one gloo group, bit-identical replicas, equal losses, both ranks' tokens) on two
 # accelerate machines of one process each (test_multi_machine.py); this one launches with cpu_2proc.yaml.
