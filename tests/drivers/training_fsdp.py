@@ -1,4 +1,4 @@
-"""Run by tests/test_fsdp2.py under `accelerate launch` (2 CPU processes, FSDP2 or none): train from a recipe,
+"""Run by tests/parallel/test_fsdp2.py under `accelerate launch` (2 CPU processes, FSDP2 or none): train from a recipe,
 optionally stop early (to resume later), and write what rank 0 saw: the losses, whether parameters were
 DTensors, and the largest constraint violation of the gathered weights."""
 import json

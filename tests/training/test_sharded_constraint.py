@@ -1,7 +1,7 @@
 """The weight constraint on FSDP2 shards (two gloo processes, no training): after `fully_shard` every matrix is a
 DTensor holding a block of rows per rank; training.distributed.apply_weight_constraints must give exactly what the
 model's own constraint gives to the whole matrix, including nGPT's column norms of o_proj/down_proj, which sum over
-both ranks' rows (test_fsdp2.py trains)."""
+both ranks' rows (tests/parallel/test_fsdp2.py trains)."""
 import os
 
 import torch
