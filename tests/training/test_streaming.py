@@ -5,7 +5,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from training_fixtures import data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
+from training_fixtures import corpus_files, data_cache, single_thread, write_recipe  # noqa: F401 (fixtures)
 
 from modeling_angpt.training.recipe import load_recipe
 from modeling_angpt.data.shards import held_out
@@ -15,12 +15,7 @@ STREAM = ["streaming=true", "validation_blocks=4", "eval_steps=6", "max_steps=12
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    from modeling_angpt.data.sources import shakespeare_files
-
-    directory = tmp_path_factory.mktemp("stream-corpus")
-    for index, path in enumerate(shakespeare_files()[:4]):   # four files: four source shards
-        (directory / f"part{index}.txt").write_text(path.read_text(errors="replace")[:30_000])
-    return directory
+    return corpus_files(tmp_path_factory.mktemp("stream-corpus"), files=4, chars=30_000)  # four source shards
 
 
 @pytest.mark.parametrize("parts", [2, 4])
