@@ -35,6 +35,10 @@ SERVING, GUARD = "modeling_angpt/serving/server.py", "modeling_angpt/serving/gua
 CONFIG, PRETRAINED = "modeling_angpt/configuration_angpt.py", "modeling_angpt/pretrained_angpt.py"
 MODEL_FILES, FLEX = "modeling_angpt/modeling_angpt.py, pretrained_angpt.py", "modeling_angpt/flex_angpt.py"
 _CACHE = "transformers.generation.continuous_batching"
+PAGED = "modeling_angpt/paged_angpt.py"
+# Modules of another project that carry no promise although no part of their name is private: any name imported from
+# them belongs in the ledger (tests/contract/test_internals_ledger.py reads this).
+INTERNAL_MODULES = ("transformers.cli.serving", "transformers.cli.serve", _CACHE)
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,10 @@ class Entry:
     why: str
     checked_with: tuple[str, ...]
     on_instances: bool = False
+    key: str | None = None  # a key of the registry `name` (an attention function transformers registers)
 
     def label(self) -> str:
-        return f"{self.module}.{self.name}"
+        return f"{self.module}.{self.name}" + ("" if self.key is None else f"[{self.key!r}]")
 
 
 def _transformers_model(name: str, why: str) -> Entry:
@@ -141,6 +146,18 @@ SERVING_ENTRIES = (
              on_instances=True),
 )
 
+# Continuous batching hands the model its paged cache; attention then runs through transformers' own functions
+PAGED_ENTRIES = (
+    Entry("transformers", f"{_CACHE}.cache", "PagedAttentionCache", PAGED,
+          "the cache the batching manager passes: attention goes to transformers' paged functions when it is one",
+          TRANSFORMERS),
+    Entry("transformers", f"{_CACHE}.cache", "PagedAttentionCache.update", PAGED,
+          "writes a layer's new keys and values to their pages and narrows the manager's keyword arguments to it",
+          TRANSFORMERS),
+    Entry("transformers", "transformers.modeling_utils", "ALL_ATTENTION_FUNCTIONS", PAGED,
+          "the eager attention over pages, which the manager's 'eager' means", TRANSFORMERS, key="paged|eager"),
+)
+
 TORCH_ENTRIES = (
     Entry("torch", "torch._dynamo", "mark_static", FLEX,
           "FlexAttention's sizes become constants of its compiled kernel", TORCH),
@@ -185,7 +202,7 @@ OTHER_ENTRIES = (
           "a task YAML's dataset, with lm-eval's own !function and include handling", LM_EVAL),
 )
 
-ENTRIES = MODEL_ENTRIES + SERVING_ENTRIES + TORCH_ENTRIES + OTHER_ENTRIES
+ENTRIES = MODEL_ENTRIES + SERVING_ENTRIES + PAGED_ENTRIES + TORCH_ENTRIES + OTHER_ENTRIES
 
 
 def installed_version(distribution: str) -> str | None:
@@ -225,6 +242,11 @@ def lacks(entry: Entry) -> bool:
         elif entry.on_instances and position == len(parts) - 1 and isinstance(found, type):
             return not _assigned_on_instances(found, part)
         else:
+            return True
+    if entry.key is not None:
+        try:
+            return entry.key not in found
+        except TypeError:  # no longer a registry
             return True
     return False
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from modeling_angpt.dependencies import ledger as internals_ledger
-from modeling_angpt.dependencies.ledger import (ENTRIES, SERVING_ENTRIES, describe_missing, installed_version, lacks,
-                                             serving_refusal)
+from modeling_angpt.dependencies.ledger import (ENTRIES, INTERNAL_MODULES, SERVING_ENTRIES, describe_missing,
+                                                installed_version, lacks, serving_refusal)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,13 +39,15 @@ def test_the_installed_version_has_the_entry(entry):
 
 def test_a_renamed_name_is_found_missing_and_named_in_one_line():
     """The check itself against names known to exist and not to: a method, an attribute set on instances, a
-    module attribute."""
+    module attribute, a registry's key."""
     check = next(entry for entry in ENTRIES if entry.name == "PreTrainedModel._check_and_adjust_attn_implementation")
     stored = next(entry for entry in ENTRIES if entry.name == "PreTrainedConfig._attn_implementation_internal")
-    assert not lacks(check) and not lacks(stored)
+    registered = next(entry for entry in ENTRIES if entry.key is not None)
+    assert not lacks(check) and not lacks(stored) and not lacks(registered)
     renamed = [dataclasses.replace(check, name="PreTrainedModel._check_attn_implementation_v2"),
                dataclasses.replace(stored, name="PreTrainedConfig._attn_implementation_stored"),
-               dataclasses.replace(check, module="transformers.no_such_module")]
+               dataclasses.replace(check, module="transformers.no_such_module"),
+               dataclasses.replace(registered, key="paged|eager_v2")]
     assert all(lacks(entry) for entry in renamed)
     line = internals_ledger.missing_entries(renamed[:1])[0]
     assert "\n" not in line and "PreTrainedModel._check_attn_implementation_v2" in line and \
@@ -54,7 +56,8 @@ def test_a_renamed_name_is_found_missing_and_named_in_one_line():
 
 def _foreign_private_names(path: Path, own: str = "modeling_angpt") -> set[str]:
     """Dotted names of other projects with a private part that `path` imports or reads: `from x import _y`,
-    `import x._y`, `from x._y import z`, and attribute chains from an imported module such as `torch._dynamo.x`."""
+    `import x._y`, `from x._y import z`, attribute chains from an imported module such as `torch._dynamo.x`, and
+    any name imported from a module the ledger calls internal (INTERNAL_MODULES)."""
     tree, found, modules = ast.parse(path.read_text()), set(), {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -65,7 +68,8 @@ def _foreign_private_names(path: Path, own: str = "modeling_angpt") -> set[str]:
         elif isinstance(node, ast.ImportFrom) and not node.level and not node.module.startswith(own):
             for alias in node.names:
                 dotted = f"{node.module}.{alias.name}"
-                if any(part.startswith("_") and not part.startswith("__") for part in dotted.split(".")):
+                if any(part.startswith("_") and not part.startswith("__") for part in dotted.split(".")) or \
+                        any(f"{node.module}.".startswith(f"{internal}.") for internal in INTERNAL_MODULES):
                     found.add(dotted)
     inner_attributes = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
     for node in ast.walk(tree):  # each whole chain `a.b._c.d` once, from its outermost attribute
