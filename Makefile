@@ -48,11 +48,12 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -x $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal) --durations=15
 
-# The README's tour (train, fold, evaluate, generate, compare on the CPU, about 2 minutes) and the docs' experiment
-# and benchmark commands (each script's --help names every option they pass): make test's budget leaves them out.
+# The README's tour (train, fold, evaluate, generate, compare on the CPU, about 2 minutes), the docs' experiment
+# and benchmark commands (each script's --help names every option they pass, and runs as `python SCRIPT`), and
+# lm-eval's command line against `angpt eval` (tests marked docs_commands): make test's budget leaves them out.
 test-docs: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m docs_commands -p no:cacheprovider -n $(PYTEST_WORKERS) --dist worksteal \
-		--durations=5 tests/commands/test_readme.py
+		--durations=5 tests
 
 # The experiments' smoke tests (experiments/*/test_*.py: each study's scripts end to end on tiny models); `make test`
 # collects tests/ only.
@@ -74,7 +75,8 @@ test-tools: $(STAMP) $(DEEPSPEED_STAMP)
 		--durations=10 tests/tools
 
 # Several processes on this machine (torchrun, gloo; tests/parallel, docs/architectures.md "Tensor and pipeline
-# parallelism"): tensor and pipeline parallelism against one process, runs that lose a rank (two machines of one
+# parallelism"): tensor and pipeline parallelism against one process, the weight constraint on FSDP2's shards
+# against the whole matrix, runs that lose a rank (two machines of one
 # process, and the watch alone on two machines of two), the watch's store load against its law, asynchronous
 # checkpoints of two processes (DDP, FSDP2) loaded on two and on one, and preemption with resumes on other process
 # counts (docs/training.md). About 12 minutes on 2 cores shared with other jobs.

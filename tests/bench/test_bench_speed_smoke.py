@@ -120,5 +120,7 @@ def test_bench_help_opens_with_whole_sentences_that_stand_alone(bench):
     check_help_descriptions(found)
 
 
+# one interpreter per script, all at once: with the docs' commands (make test-docs), out of make test's 4 minutes
+@pytest.mark.docs_commands
 def test_bench_scripts_run_from_the_command_line():
     check_run_from_the_command_line(scripts(BENCH))

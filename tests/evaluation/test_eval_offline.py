@@ -24,6 +24,9 @@ def _values(lm_eval_results: dict) -> dict:
             for task, metrics in lm_eval_results.items() if task in TASKS}
 
 
+# lm-eval's command line as docs/evaluation.md gives it, beside two more routes: about 40 s of two interpreters,
+# with the docs' commands (make test-docs), out of make test's 4 minutes
+@pytest.mark.docs_commands
 def test_lm_eval_cli_hflm_and_angpt_eval_give_the_same_numbers(eval_env, tmp_path):
     checkpoint, corpus, cache = eval_env
     offline_data.task_files(corpus)      # build once; the three routes read the same cached files

@@ -195,30 +195,35 @@ REMOTE_CHILD = textwrap.dedent("""
     sys.meta_path.insert(0, Block())
     import torch
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
-    assert type(model).__module__.startswith("transformers_modules") and model.config.folded
-    try:
-        model.train()
-        raise SystemExit("a folded model accepted train()")
-    except RuntimeError:
-        pass
-    ids = torch.tensor(json.loads(sys.argv[2]))
-    print(json.dumps(model.generate(ids, max_new_tokens=6, do_sample=False).tolist()))
+    ids, answers = torch.tensor(json.loads(sys.argv[1])), {}
+    for directory in sys.argv[2:]:  # one interpreter for every checkpoint: its start-up is most of the time
+        model = AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True)
+        assert type(model).__module__.startswith("transformers_modules") and model.config.folded
+        try:
+            model.train()
+            raise SystemExit("a folded model accepted train()")
+        except RuntimeError:
+            pass
+        answers[directory] = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
+    print(json.dumps(answers))
 """)
 
 
-@pytest.mark.parametrize("architecture", ["angpt", "gptplus"])
-def test_folded_checkpoint_trust_remote_code(tmp_path, tiny_config, architecture):
+def test_folded_checkpoint_trust_remote_code(tmp_path, tiny_config):
     import json
 
-    model = build(tiny_config, architecture)
-    model.fold().save_pretrained(tmp_path)
-    ids = torch.randint(0, 101, (1, 5))
-    result = subprocess.run([sys.executable, "-c", REMOTE_CHILD, str(tmp_path), json.dumps(ids.tolist())],
+    models, ids = {architecture: build(tiny_config, architecture) for architecture in ("angpt", "gptplus")}, \
+        torch.randint(0, 101, (1, 5))
+    for architecture, model in models.items():
+        model.fold().save_pretrained(tmp_path / architecture)
+    result = subprocess.run([sys.executable, "-c", REMOTE_CHILD, json.dumps(ids.tolist()),
+                             *(str(tmp_path / architecture) for architecture in models)],
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    expected = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected
+    answers = json.loads(result.stdout.strip().splitlines()[-1])
+    for architecture, model in models.items():
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False).tolist()
+        assert answers[str(tmp_path / architecture)] == expected, architecture
 
 
 # --- what the folded anGPT forward still computes (docs/inference-fold.md's list) --------------------------------------------------

@@ -4,10 +4,13 @@ model's own constraint gives to the whole matrix, including nGPT's column norms 
 both ranks' rows (tests/parallel/test_fsdp2.py trains)."""
 import os
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 from conftest import ARCHITECTURES
+
+pytestmark = pytest.mark.parallel  # two processes: make test-parallel
 
 
 def _worker(rank: int, port: int, results) -> None:
