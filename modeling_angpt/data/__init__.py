@@ -10,6 +10,6 @@
 - loader.py: each process's batches, in a block order that is a function of the seed and the global step.
 
 A recipe's trip from `train` goes in once and comes out without returning to a file it left
-(tests/contract/test_data_path.py). May import the inference helpers and tasks/needle.py, and the training recipe's
+(tests/training/test_data_path.py). May import the inference helpers and tasks/needle.py, and the training recipe's
 schema (prepare.py rebuilds a recipe in its workers); never training's loop, evaluation, the services or commands.
 """

@@ -71,17 +71,15 @@ def build_datasets(recipe, corpus: Corpus, main_process_first, rank: int = 0, pr
         if not recipe.streaming:
             ds = limit_chars(ds, recipe.text_column, recipe.max_corpus_chars)
         tokenizer = get_tokenizer(recipe, corpus, ds)
+        from .blocks import BlockDataset, needle_datasets, packed_blocks, split_blocks
+
         if recipe.streaming:
             from .streaming import stream_datasets
 
             parts = stream_parts or processes
             train, val = stream_datasets(ds, tokenizer, recipe, corpus.separator, rank, processes, parts)
             info = {"dataset": source.name, "streaming": True, "stream_parts": parts, "val_blocks": len(val)}
-            from .blocks import BlockDataset
-
             return tokenizer, train, BlockDataset(val), info
-        from .blocks import BlockDataset, needle_datasets, packed_blocks, split_blocks
-
         blocks = packed_blocks(recipe, corpus, ds, tokenizer)
     train, val = split_blocks(blocks, recipe.validation_fraction, recipe.data_seed)
     info = {"dataset": source.name, "train_blocks": len(train), "val_blocks": len(val),
